@@ -1,0 +1,24 @@
+"""hf_recurrence: recurrence across windows of text for Hugging Face transformers models.
+
+Importing the package registers its model families with the transformers Auto classes.
+"""
+
+__version__ = "0.1.0"
+
+from .models import (
+    RecurrentGPT2Config,
+    RecurrentGPT2LMHeadModel,
+    RecurrentGPT2Model,
+    RecurrentGPT2PreTrainedModel,
+    RecurrentGPT2State,
+)
+
+
+__all__ = [
+    "RecurrentGPT2Config",
+    "RecurrentGPT2LMHeadModel",
+    "RecurrentGPT2Model",
+    "RecurrentGPT2PreTrainedModel",
+    "RecurrentGPT2State",
+    "__version__",
+]

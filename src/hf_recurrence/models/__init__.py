@@ -1,0 +1,9 @@
+"""Model families. Importing this package registers every family with the transformers Auto classes."""
+
+from .recurrent_gpt2 import (
+    RecurrentGPT2Config,
+    RecurrentGPT2LMHeadModel,
+    RecurrentGPT2Model,
+    RecurrentGPT2PreTrainedModel,
+    RecurrentGPT2State,
+)
