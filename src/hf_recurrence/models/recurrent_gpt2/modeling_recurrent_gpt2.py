@@ -167,7 +167,7 @@ class RecurrentGPT2Recurrence(nn.Module):
         self.layer_weight_logits = nn.Parameter(torch.zeros(config.n_layer))
         sizes = [config.hidden_size, *config.recurrence_hidden_sizes]
         layers: list[nn.Module] = []
-        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
             layers += [nn.Linear(fan_in, fan_out), ACT2FN[config.activation_function]]
         layers.append(nn.Linear(sizes[-1], config.hidden_size))
         self.ffn = nn.Sequential(*layers)
@@ -686,7 +686,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
 
 
 def _concat_hidden_states(steps: list[_StepOutput]) -> tuple[torch.Tensor, ...]:
-    return tuple(torch.cat(layer, dim=1) for layer in zip(*(s.all_hidden for s in steps)))
+    return tuple(torch.cat(layer, dim=1) for layer in zip(*(s.all_hidden for s in steps), strict=True))
 
 
 class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
