@@ -278,9 +278,8 @@ class RecurrentGPT2State:
 
     def reset(self) -> "RecurrentGPT2State":
         """Forget everything: the next token starts a fresh first window. Returns `self`."""
-        self.keys = [k[:, :, :0] for k in self.keys]
-        self.values = [v[:, :, :0] for v in self.values]
-        self.slot_valid = self.slot_valid[:, :0]
+        self.slot_valid = torch.zeros_like(self.slot_valid)
+        self.compact()
         for name in ("fill", "window_index", "pooled_sum", "memory", "memory_key", "memory_value"):
             setattr(self, name, torch.zeros_like(getattr(self, name)))
         self.overlap_embeds = torch.zeros_like(self.overlap_embeds)
@@ -306,6 +305,12 @@ class RecurrentGPT2State:
         slots = self.slot_valid.shape[1]
         width = int(self.slot_valid.sum(1).max()) if slots else 0
         if width == slots:
+            return
+        if width == 0:
+            # Fresh empty tensors: a gather or a slice would keep the dropped keys' storage alive in the autograd graph.
+            self.keys = [k.new_zeros(*k.shape[:2], 0, k.shape[3]) for k in self.keys]
+            self.values = [v.new_zeros(*v.shape[:2], 0, v.shape[3]) for v in self.values]
+            self.slot_valid = self.slot_valid.new_zeros(self.batch_size, 0)
             return
         index = _right_packing_index(self.slot_valid, width)
         self.keys = [_gather_slots(k, index, 2) for k in self.keys]
@@ -573,7 +578,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
                 state.has_memory,
                 state.memory_key,
                 state.memory_value,
-                shift_labels[:, start:stop] if shift_labels is not None else None,
+                shift_labels[:, start:stop].contiguous() if shift_labels is not None else None,
                 *state.keys,
                 *state.values,
             )

@@ -1,0 +1,348 @@
+"""Recurrent GPT-2: window semantics, state equivalence, GPT-2 compatibility, BPTT and checkpointing."""
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from hf_recurrence import RecurrentGPT2Config, RecurrentGPT2LMHeadModel, RecurrentGPT2Model, RecurrentGPT2State
+
+from ...common import TINY_GPT2, tiny_recurrent_config
+
+
+def make_model(**overrides) -> RecurrentGPT2LMHeadModel:
+    return RecurrentGPT2LMHeadModel(tiny_recurrent_config(**overrides)).eval()
+
+
+def chunked_logits(model, ids, splits, attention_mask=None):
+    """Logits of `ids` fed in pieces cut at `splits`, carrying the state between calls."""
+    state, pieces = None, []
+    bounds = [0, *splits, ids.shape[1]]
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        mask = None if attention_mask is None else attention_mask[:, :b]
+        out = model(ids[:, a:b], attention_mask=mask, past_key_values=state)
+        state = out.past_key_values
+        pieces.append(out.logits)
+    return torch.cat(pieces, dim=1), state
+
+
+class TestConfig:
+    @pytest.mark.parametrize(
+        ("overrides", "field", "value"),
+        [
+            ({"window_size": 8, "window_overlap": 8}, "window_overlap", "8"),
+            ({"window_size": 8, "window_overlap": -1}, "window_overlap", "-1"),
+            ({"window_size": 17}, "window_size", "17"),
+            ({"window_size": 0}, "window_size", "0"),
+            ({"insertion_layer": 3}, "insertion_layer", "3"),
+            ({"insertion_layer": -1}, "insertion_layer", "-1"),
+            ({"recurrence_hidden_sizes": []}, "recurrence_hidden_sizes", "[]"),
+            ({"recurrence_hidden_sizes": [16, 0]}, "recurrence_hidden_sizes", "[16, 0]"),
+            ({"bptt_windows": 0}, "bptt_windows", "0"),
+        ],
+    )
+    def test_invalid_values_name_field_and_value(self, overrides, field, value):
+        with pytest.raises(ValueError) as info:
+            tiny_recurrent_config(**overrides)
+        assert f"{field}={value}" in str(info.value) or (field in str(info.value) and value in str(info.value))
+
+    def test_defaults_follow_the_paper(self):
+        config = RecurrentGPT2Config()
+        assert (config.window_size, config.window_overlap, config.insertion_layer) == (300, 0, 2)
+        assert config.recurrence_hidden_sizes == [200, 200, 200]
+        assert config.bptt_windows is None
+        assert config.model_type == "recurrent_gpt2"
+        assert set(config.auto_map) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM"}
+
+    def test_changed_after_construction_is_refused_by_the_model(self):
+        config = tiny_recurrent_config()
+        config.window_size = 40
+        with pytest.raises(ValueError, match="window_size=40"):
+            RecurrentGPT2LMHeadModel(config)
+
+    def test_no_max_position_embeddings(self):
+        # The model has no maximum length; generate() must not cap or warn at n_positions.
+        assert getattr(tiny_recurrent_config(), "max_position_embeddings", None) is None
+
+
+class TestForward:
+    def test_shapes(self):
+        model = make_model()
+        ids = torch.randint(0, 99, (3, 21))
+        out = model(ids, output_hidden_states=True)
+        assert out.logits.shape == (3, 21, 99)
+        assert len(out.hidden_states) == 4 and all(h.shape == (3, 21, 32) for h in out.hidden_states)
+        base = RecurrentGPT2Model(model.config).eval()
+        assert base(ids).last_hidden_state.shape == (3, 21, 32)
+
+    def test_loss_is_the_ordinary_causal_lm_loss(self):
+        model = make_model(window_overlap=3)
+        ids = torch.randint(0, 99, (2, 37))
+        labels = ids.clone()
+        labels[0, 5:9] = -100
+        out = model(ids, labels=labels, return_logits=True)
+        expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 99), labels[:, 1:].reshape(-1))
+        torch.testing.assert_close(out.loss, expected)
+
+    def test_labels_do_not_return_logits_unless_asked(self):
+        model = make_model()
+        ids = torch.randint(0, 99, (2, 20))
+        assert model(ids, labels=ids).logits is None
+        assert model(ids, labels=ids, return_logits=True).logits.shape == (2, 20, 99)
+
+    def test_num_items_in_batch_divides_the_summed_loss(self):
+        model = make_model()
+        ids = torch.randint(0, 99, (2, 20))
+        summed = model(ids, labels=ids, num_items_in_batch=1).loss
+        mean = model(ids, labels=ids).loss
+        torch.testing.assert_close(summed / (2 * 19), mean)
+
+    def test_position_ids_restart_every_window(self):
+        # Any length runs although the position table has only 16 entries.
+        model = make_model()
+        assert model(torch.randint(0, 99, (1, 500))).logits.shape == (1, 500, 99)
+
+    def test_reordering_earlier_windows_changes_later_outputs(self):
+        model = make_model()
+        ids = torch.randint(0, 99, (1, 16))
+        swapped = ids.clone()
+        swapped[0, :8] = ids[0, :8].flip(0)
+        # Window 1 is identical; it differs only through h_prev.
+        assert not torch.allclose(model(ids).logits[:, 8:], model(swapped).logits[:, 8:])
+
+    def test_inputs_embeds_equal_input_ids(self):
+        model = make_model(window_overlap=2)
+        ids = torch.randint(0, 99, (2, 30))
+        embeds = model.get_input_embeddings()(ids)
+        torch.testing.assert_close(model(inputs_embeds=embeds).logits, model(ids).logits)
+
+    def test_eager_equals_sdpa(self):
+        sdpa = make_model(window_overlap=3)
+        eager = RecurrentGPT2LMHeadModel(tiny_recurrent_config(window_overlap=3, attn_implementation="eager")).eval()
+        assert eager.config._attn_implementation == "eager" and sdpa.config._attn_implementation == "sdpa"
+        eager.load_state_dict(sdpa.state_dict())
+        ids = torch.randint(0, 99, (2, 40))
+        mask = torch.ones_like(ids)
+        mask[1, :5] = 0
+        torch.testing.assert_close(eager(ids, attention_mask=mask).logits, sdpa(ids, attention_mask=mask).logits)
+
+    @pytest.mark.parametrize(
+        ("kwargs", "error", "match"),
+        [
+            ({"position_ids": torch.zeros(1, 5, dtype=torch.long)}, ValueError, "position_ids"),
+            ({"attention_mask": torch.ones(1, 3)}, ValueError, "attention_mask"),
+            ({"past_key_values": object()}, TypeError, "RecurrentGPT2State"),
+            ({"output_attentions": True}, ValueError, "output_attentions"),
+        ],
+    )
+    def test_bad_input_is_refused_clearly(self, kwargs, error, match):
+        with pytest.raises(error, match=match):
+            make_model()(torch.randint(0, 99, (1, 5)), **kwargs)
+
+    def test_state_batch_mismatch_is_refused(self):
+        model = make_model()
+        state = model(torch.randint(0, 99, (2, 5))).past_key_values
+        with pytest.raises(ValueError, match="2 rows.*batch size 3"):
+            model(torch.randint(0, 99, (3, 1)), past_key_values=state)
+
+
+class TestStateEquivalence:
+    @pytest.mark.parametrize("overlap", [0, 3, 7])
+    @pytest.mark.parametrize("splits", [[1], [5], [8], [13, 14, 15, 16], [3, 11, 29, 30], [20]])
+    def test_chunked_equals_one_shot(self, overlap, splits):
+        model = make_model(window_overlap=overlap)
+        ids = torch.randint(0, 99, (2, 45))  # at least 5 windows for every overlap
+        with torch.no_grad():
+            full = model(ids).logits
+            chunked, state = chunked_logits(model, ids, splits)
+        torch.testing.assert_close(chunked, full)
+        assert state.get_seq_length() == 45
+
+    @pytest.mark.parametrize("overlap", [0, 3])
+    def test_token_by_token_equals_one_shot(self, overlap):
+        model = make_model(window_overlap=overlap)
+        ids = torch.randint(0, 99, (2, 42))
+        with torch.no_grad():
+            full = model(ids).logits
+            chunked, state = chunked_logits(model, ids, list(range(1, 42)))
+        torch.testing.assert_close(chunked, full)
+        # Memory stays bounded by one window.
+        assert state.slot_valid.shape[1] <= model.config.window_size
+
+    def test_left_padded_rows_equal_each_row_alone(self):
+        model = make_model(window_overlap=3)
+        lengths = [30, 23, 9]
+        rows = [torch.randint(1, 99, (1, n)) for n in lengths]
+        width = max(lengths)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, row in enumerate(rows):
+            ids[i, width - row.shape[1] :] = row
+            mask[i, width - row.shape[1] :] = 1
+        with torch.no_grad():
+            batched, state = chunked_logits(model, ids, [7, 19], attention_mask=mask)
+            for i, row in enumerate(rows):
+                alone = model(row).logits
+                torch.testing.assert_close(batched[i, width - row.shape[1] :], alone[0], atol=1e-5, rtol=1e-4)
+        # A full window is closed lazily, when the next token arrives.
+        assert state.fill.tolist() == [3 + (n - 9) % 5 + 1 if n > 8 else n for n in lengths]
+
+
+class TestState:
+    def test_detach_reset_to_reorder(self):
+        model = make_model(window_overlap=2).train()
+        state = model(torch.randint(0, 99, (3, 20))).past_key_values
+        assert isinstance(state, RecurrentGPT2State)
+        assert state.pooled_sum.requires_grad
+        state.detach()
+        tensors = [*state.keys, *state.values] + [getattr(state, n) for n in state._BATCH_TENSORS]
+        assert not any(t.requires_grad for t in tensors)
+        state.reorder_cache(torch.tensor([2, 2, 0]))
+        assert state.batch_size == 3 and torch.equal(state.memory[0], state.memory[1])
+        state.to(dtype=torch.float64)
+        assert state.keys[0].dtype == torch.float64 and state.pooled_sum.dtype == torch.float32
+        assert "seen_tokens=20" in repr(state)
+        state.reset()
+        assert state.get_seq_length() == 0 and int(state.fill.sum()) == 0 and state.slot_valid.shape[1] == 0
+
+    def test_reset_state_reads_like_a_fresh_one(self):
+        model = make_model()
+        ids = torch.randint(0, 99, (1, 12))
+        with torch.no_grad():
+            state = model(torch.randint(0, 99, (1, 30))).past_key_values.reset()
+            torch.testing.assert_close(model(ids, past_key_values=state).logits, model(ids).logits)
+
+
+class TestGPT2Compatibility:
+    def test_first_window_equals_stock_gpt2_and_weights_load_unchanged(self, tmp_path):
+        gpt2 = GPT2LMHeadModel(GPT2Config(**TINY_GPT2)).eval()
+        gpt2.save_pretrained(tmp_path)
+        model, info = RecurrentGPT2LMHeadModel.from_pretrained(
+            tmp_path, window_size=8, window_overlap=2, insertion_layer=1, output_loading_info=True
+        )
+        model.eval()
+        assert model.config.window_size == 8 and model.config.model_type == "recurrent_gpt2"
+        assert info["unexpected_keys"] == set() and info["mismatched_keys"] == set()
+        assert info["missing_keys"] and all(k.startswith("transformer.recurrence.") for k in info["missing_keys"])
+        ours = model.state_dict()
+        for name, tensor in gpt2.state_dict().items():
+            assert torch.equal(ours[name], tensor), name
+        ids = torch.randint(0, 99, (2, 8))
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids).logits, gpt2(ids).logits, rtol=0, atol=0)
+            # Later windows differ only through h_prev and restarted positions.
+            long_ids = torch.randint(0, 99, (2, 30))
+            torch.testing.assert_close(model(long_ids).logits[:, :8], gpt2(long_ids[:, :8]).logits)
+
+    def test_invalid_window_for_the_checkpoint_is_refused(self, tmp_path):
+        GPT2LMHeadModel(GPT2Config(**TINY_GPT2)).save_pretrained(tmp_path)
+        with pytest.raises(ValueError, match="window_size=32 exceeds n_positions=16"):
+            RecurrentGPT2LMHeadModel.from_pretrained(tmp_path, window_size=32)
+
+
+def _window_token_sets(model, windows, per_window=8):
+    """Input whose windows use disjoint token ranges, so a token's embedding gradient says which window it came from."""
+    ids = torch.cat([torch.randint(10 + 20 * w, 30 + 20 * w, (1, per_window)) for w in range(windows)], dim=1)
+    return ids, [set(ids[0, w * per_window : (w + 1) * per_window].tolist()) for w in range(windows)]
+
+
+def _embedding_rows_with_gradient(model) -> set[int]:
+    grad = model.transformer.wte.weight.grad
+    return set(torch.nonzero(grad.abs().sum(1) > 0).flatten().tolist())
+
+
+class TestBackpropagationThroughTime:
+    def _train_a_few_steps(self, model, steps=3):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for _ in range(steps):
+            ids = torch.randint(0, 99, (2, 24))
+            model(ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    def test_later_window_loss_reaches_first_window_only_through_recurrence(self):
+        model = make_model(tie_word_embeddings=False).train()
+        self._train_a_few_steps(model)
+        ids, token_sets = _window_token_sets(model, windows=3)
+        labels = ids.clone()
+        labels[:, :17] = -100  # loss on the last window only
+        model.zero_grad()
+        model(ids, labels=labels).loss.backward()
+        reached = _embedding_rows_with_gradient(model)
+        only_first = token_sets[0] - token_sets[1] - token_sets[2]
+        assert only_first and only_first <= reached
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.transformer.recurrence.parameters())
+
+    def test_bptt_windows_truncates_gradient(self):
+        model = make_model(tie_word_embeddings=False, bptt_windows=1).train()
+        self._train_a_few_steps(model)
+        ids, token_sets = _window_token_sets(model, windows=3)
+        labels = ids.clone()
+        labels[:, :17] = -100  # positions 16..23 predict window 2's tokens
+        model.zero_grad()
+        model(ids, labels=labels).loss.backward()
+        reached = _embedding_rows_with_gradient(model)
+        assert token_sets[1] <= reached
+        assert not (token_sets[0] - token_sets[1] - token_sets[2]) & reached
+
+    def test_full_bptt_reaches_window_zero_where_truncation_does_not(self):
+        torch.manual_seed(1)
+        full = make_model(tie_word_embeddings=False).train()
+        self._train_a_few_steps(full)
+        ids, token_sets = _window_token_sets(full, windows=3)
+        labels = ids.clone()
+        labels[:, :17] = -100
+        full.zero_grad()
+        full(ids, labels=labels).loss.backward()
+        assert token_sets[0] <= _embedding_rows_with_gradient(full)
+
+
+class TestGradientCheckpointing:
+    @pytest.mark.parametrize("overrides", [{}, {"window_overlap": 3}, {"bptt_windows": 2}])
+    def test_same_loss_and_gradients(self, overrides):
+        model = make_model(**overrides).train()
+        ids = torch.randint(0, 99, (2, 50))
+        labels = ids.clone()
+        labels[1, 10:14] = -100
+
+        def loss_and_grads():
+            torch.manual_seed(3)  # same dropout masks in both runs
+            model.zero_grad()
+            loss = model(ids, labels=labels).loss
+            loss.backward()
+            return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+        plain_loss, plain_grads = loss_and_grads()
+        model.activation_checkpointing_enable()
+        assert model.transformer.gradient_checkpointing
+        checked_loss, checked_grads = loss_and_grads()
+        torch.testing.assert_close(checked_loss, plain_loss)
+        assert checked_grads.keys() == plain_grads.keys()
+        for name, grad in plain_grads.items():
+            torch.testing.assert_close(checked_grads[name], grad, msg=name)
+
+    def test_checkpointing_keeps_only_the_bottleneck(self):
+        # What autograd keeps alive between forward and backward, parameters excluded: with window checkpointing only
+        # the per-window bottleneck (h_prev path, losses) survives, so 12 windows keep less than one unchecked window.
+        def saved_bytes(model, windows):
+            parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+            seen, total = set(), 0
+
+            def pack(t):
+                nonlocal total
+                storage = t.untyped_storage().data_ptr()
+                if storage not in parameters and storage not in seen:
+                    seen.add(storage)
+                    total += t.untyped_storage().nbytes()
+                return t
+
+            ids = torch.randint(0, 99, (1, 8 * windows))
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                model(ids, labels=ids)
+            return total
+
+        model = make_model(n_embd=64, recurrence_hidden_sizes=[8]).train()
+        plain_one, plain_twelve = saved_bytes(model, 1), saved_bytes(model, 12)
+        model.activation_checkpointing_enable()
+        checked_twelve = saved_bytes(model, 12)
+        assert plain_twelve > 8 * plain_one
+        assert checked_twelve < plain_one / 4
