@@ -240,6 +240,9 @@ class RecurrentGPT2State:
         self.overlap_valid = torch.zeros(batch_size, config.window_overlap, dtype=torch.bool, device=device)
         self.seen_tokens = 0
 
+    # generate() asks every cache whether it can be compiled.
+    is_compileable = False
+
     _BATCH_TENSORS = (
         "slot_valid",
         "fill",
@@ -603,11 +606,11 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         attention_mask: torch.Tensor | None,
         past_key_values: RecurrentGPT2State | None,
         inputs_embeds: torch.Tensor | None,
-        position_ids: torch.Tensor | None,
         kwargs: dict,
     ) -> tuple[torch.Tensor, torch.Tensor, RecurrentGPT2State]:
         """Validate the inputs; return the new positions' embeddings, their real-token mask and the state."""
-        if position_ids is not None:
+        # No position_ids parameter in forward(), so that generate() does not build any for us.
+        if kwargs.get("position_ids") is not None:
             raise ValueError(
                 "position_ids cannot be passed to the recurrent GPT-2: positions restart at 0 in every window and "
                 "are derived from the window schedule"
@@ -655,7 +658,6 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         inputs_embeds: torch.FloatTensor | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
-        position_ids: torch.Tensor | None = None,
         return_dict: bool | None = None,
         **kwargs,
     ) -> RecurrentGPT2ModelOutput:
@@ -675,9 +677,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
             output_hidden_states (`bool`, *optional*):
                 Whether to return the embedding output and every block's output.
         """
-        inputs_embeds, real, state = self._prepare(
-            input_ids, attention_mask, past_key_values, inputs_embeds, position_ids, kwargs
-        )
+        inputs_embeds, real, state = self._prepare(input_ids, attention_mask, past_key_values, inputs_embeds, kwargs)
         output_hidden_states = bool(
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
@@ -737,7 +737,6 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
         return_logits: bool | None = None,
-        position_ids: torch.Tensor | None = None,
         return_dict: bool | None = None,
         **kwargs,
     ) -> RecurrentGPT2CausalLMOutput:
@@ -754,7 +753,7 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
                 Passed by `Trainer` under gradient accumulation: the loss is summed and divided by it.
         """
         inputs_embeds, real, state = self.transformer._prepare(
-            input_ids, attention_mask, past_key_values, inputs_embeds, position_ids, kwargs
+            input_ids, attention_mask, past_key_values, inputs_embeds, kwargs
         )
         output_hidden_states = bool(
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states

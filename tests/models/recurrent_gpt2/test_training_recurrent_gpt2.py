@@ -1,0 +1,50 @@
+"""The stock Trainer trains the recurrent GPT-2 on long blocks, with and without window checkpointing."""
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+from transformers import Trainer, TrainingArguments
+
+from hf_recurrence import RecurrentGPT2LMHeadModel
+
+from ...common import tiny_recurrent_config
+
+
+class RandomBlocks(Dataset):
+    """Blocks of several windows each, labels = input ids (the model shifts them)."""
+
+    def __init__(self, count: int, length: int):
+        generator = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(1, 99, (count, length), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_trainer_trains_on_long_blocks(tmp_path, checkpointing):
+    model = RecurrentGPT2LMHeadModel(tiny_recurrent_config(window_overlap=2))
+    before = model.transformer.recurrence.ffn[0].weight.detach().clone()
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        per_device_eval_batch_size=2,
+        gradient_accumulation_steps=2,
+        activation_checkpointing=checkpointing,
+        learning_rate=1e-3,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=RandomBlocks(8, 48), eval_dataset=RandomBlocks(4, 48))
+    result = trainer.train()
+    assert model.transformer.gradient_checkpointing is checkpointing
+    assert torch.isfinite(torch.tensor(result.training_loss))
+    assert not torch.equal(before, model.transformer.recurrence.ffn[0].weight)
+    metrics = trainer.evaluate()
+    assert torch.isfinite(torch.tensor(metrics["eval_loss"]))
