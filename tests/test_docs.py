@@ -1,0 +1,29 @@
+"""Every fenced Python block of README.md and docs/**/*.md runs (transformers' md-doctest idea).
+
+Blocks of one file run in order in one namespace, so a page can build on its earlier blocks. A block preceded by
+`<!-- test: skip -->` is not run (for commands that need the Hub or a GPU); say why next to it.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from .common import REPO_ROOT
+
+
+PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+BLOCK = re.compile(r"(<!--\s*test:\s*skip\s*-->\s*\n)?```python\n(.*?)```", re.DOTALL)
+
+
+def python_blocks(page: Path) -> list[str]:
+    return [m.group(2) for m in BLOCK.finditer(page.read_text()) if not m.group(1)]
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)], ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_python_blocks_run(page, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "__doc_test__"}
+    for number, block in enumerate(python_blocks(page), start=1):
+        code = compile(block, f"{page.name} block {number}", "exec")
+        exec(code, namespace)
