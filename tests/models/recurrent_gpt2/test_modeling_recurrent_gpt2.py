@@ -346,3 +346,33 @@ class TestGradientCheckpointing:
         checked_twelve = saved_bytes(model, 12)
         assert plain_twelve > 8 * plain_one
         assert checked_twelve < plain_one / 4
+
+
+def test_bfloat16_runs_and_keeps_the_pooled_sum_in_float32():
+    model = make_model(window_overlap=2).to(torch.bfloat16)
+    ids = torch.randint(0, 99, (2, 40))
+    with torch.no_grad():
+        out = model(ids)
+        chunked, state = chunked_logits(model, ids, [9, 17])
+    assert out.logits.dtype == torch.bfloat16 and state.keys[0].dtype == torch.bfloat16
+    assert state.pooled_sum.dtype == torch.float32
+    torch.testing.assert_close(chunked.float(), out.logits.float(), atol=0.1, rtol=0.05)
+    assert model.generate(ids[:, :3], max_new_tokens=30, do_sample=False).shape == (2, 33)
+
+
+def test_padding_never_grows_the_cache_past_one_window():
+    model = make_model()
+    state = model(torch.randint(1, 99, (2, 3))).past_key_values
+    for _ in range(5):
+        pad = torch.zeros(2, 10, dtype=torch.long)
+        state = model(pad, attention_mask=torch.zeros_like(pad), past_key_values=state).past_key_values
+    assert state.slot_valid.shape[1] <= model.config.window_size
+    assert state.fill.tolist() == [3, 3]
+
+
+def test_state_is_returned_even_when_trainer_switched_config_use_cache_off():
+    model = make_model()
+    model.config.use_cache = False
+    ids = torch.randint(1, 99, (1, 10))
+    assert isinstance(model(ids).past_key_values, RecurrentGPT2State)
+    assert model(ids, use_cache=False).past_key_values is None

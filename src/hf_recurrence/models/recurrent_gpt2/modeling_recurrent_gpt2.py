@@ -592,6 +592,9 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
                 step = self._step(*args, **kwargs)
             state.keys, state.values = step.keys, step.values
             state.slot_valid = torch.cat([state.slot_valid, step_real], dim=1)
+            if state.slot_valid.shape[1] > window:
+                # Padding columns occupy slots without filling windows; drop them so memory stays one window.
+                state.compact()
             state.fill = state.fill + step_real.sum(1)
             state.pooled_sum = state.pooled_sum + step.pooled
             state.remember_overlap(inputs_embeds[:, start:stop], new_real)
@@ -672,8 +675,9 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
                 State returned by a previous call; the input continues that text exactly.
             inputs_embeds (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`, *optional*):
                 Token embeddings instead of `input_ids`.
-            use_cache (`bool`, *optional*, defaults to `config.use_cache`):
-                Whether to return the state.
+            use_cache (`bool`, *optional*, defaults to `True`):
+                Whether to return the state. `config.use_cache` is not consulted: `Trainer` switches it off for
+                training, and a recurrent model's state is part of its result.
             output_hidden_states (`bool`, *optional*):
                 Whether to return the embedding output and every block's output.
         """
@@ -684,7 +688,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         steps = self._forward_windows(inputs_embeds, real, state, output_hidden_states=output_hidden_states)
         output = RecurrentGPT2ModelOutput(
             last_hidden_state=torch.cat([s.hidden for s in steps], dim=1),
-            past_key_values=state if (use_cache if use_cache is not None else self.config.use_cache) else None,
+            past_key_values=state if use_cache is not False else None,
             hidden_states=_concat_hidden_states(steps) if output_hidden_states else None,
         )
         return output if return_dict is not False else output.to_tuple()
@@ -782,7 +786,7 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
         output = RecurrentGPT2CausalLMOutput(
             loss=torch.stack([s.head[1] for s in steps]).sum() if labels is not None else None,
             logits=torch.cat([s.head[0] for s in steps], dim=1) if keep_logits else None,
-            past_key_values=state if (use_cache if use_cache is not None else self.config.use_cache) else None,
+            past_key_values=state if use_cache is not False else None,
             hidden_states=_concat_hidden_states(steps) if output_hidden_states else None,
         )
         return output if return_dict is not False else output.to_tuple()
