@@ -4,6 +4,8 @@ Blocks of one file run in order in one namespace, so a page can build on its ear
 `<!-- test: skip -->` is not run (for commands that need the Hub or a GPU); say why next to it.
 """
 
+import doctest
+import importlib
 import re
 from pathlib import Path
 
@@ -27,3 +29,15 @@ def test_python_blocks_run(page, tmp_path, monkeypatch):
     for number, block in enumerate(python_blocks(page), start=1):
         code = compile(block, f"{page.name} block {number}", "exec")
         exec(code, namespace)
+
+
+MODEL_MODULES = sorted((REPO_ROOT / "src" / "hf_recurrence" / "models").glob("*/[cm]*_*.py"))
+
+
+@pytest.mark.parametrize("path", MODEL_MODULES, ids=lambda p: p.name)
+def test_docstring_examples_run(path):
+    module_name = f"hf_recurrence.models.{path.parent.name}.{path.stem}"
+    module = importlib.import_module(module_name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0, f"{module_name} has no docstring example"
+    assert result.failed == 0

@@ -57,10 +57,13 @@ class RecurrentGPT2Config(GPT2Config):
     ```python
     >>> from hf_recurrence import RecurrentGPT2Config, RecurrentGPT2LMHeadModel
 
-    >>> config = RecurrentGPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=64, window_size=16, window_overlap=4)
+    >>> config = RecurrentGPT2Config(
+    ...     n_layer=2, n_embd=32, n_head=2, n_positions=64, window_size=16, window_overlap=4, insertion_layer=1
+    ... )
     >>> model = RecurrentGPT2LMHeadModel(config)
     >>> model.config.window_size
     16
+
     ```"""
 
     model_type = "recurrent_gpt2"

@@ -205,12 +205,13 @@ class RecurrentGPT2State:
     >>> from hf_recurrence import RecurrentGPT2Config, RecurrentGPT2LMHeadModel
 
     >>> model = RecurrentGPT2LMHeadModel(RecurrentGPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=16,
-    ...     window_size=8, insertion_layer=1)).eval()
+    ...     window_size=8, insertion_layer=1, vocab_size=100, bos_token_id=0, eos_token_id=0)).eval()
     >>> ids = torch.randint(0, 100, (1, 20))
     >>> out = model(ids[:, :13])
     >>> out = model(ids[:, 13:], past_key_values=out.past_key_values)
     >>> out.past_key_values.get_seq_length()
     20
+
     ```
     """
 
@@ -707,11 +708,15 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
     >>> import torch
     >>> from hf_recurrence import RecurrentGPT2Config, RecurrentGPT2LMHeadModel
 
-    >>> config = RecurrentGPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=32, window_size=16, vocab_size=100)
+    >>> config = RecurrentGPT2Config(
+    ...     n_layer=2, n_embd=32, n_head=2, n_positions=32, window_size=16, insertion_layer=1,
+    ...     vocab_size=100, bos_token_id=0, eos_token_id=0,
+    ... )
     >>> model = RecurrentGPT2LMHeadModel(config)
     >>> ids = torch.randint(0, 100, (2, 100))  # 7 windows, far past n_positions
     >>> model(ids, labels=ids).loss.shape
     torch.Size([])
+
     ```
     """
 
