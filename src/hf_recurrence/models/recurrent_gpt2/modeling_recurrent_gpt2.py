@@ -592,6 +592,8 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
             else:
                 step = self._step(*args, **kwargs)
             state.keys, state.values = step.keys, step.values
+            # The state owns the cache now; a reference left here would keep every window's cache alive until return.
+            step.keys = step.values = []
             state.slot_valid = torch.cat([state.slot_valid, step_real], dim=1)
             if state.slot_valid.shape[1] > window:
                 # Padding columns occupy slots without filling windows; drop them so memory stays one window.
