@@ -376,3 +376,8 @@ def test_state_is_returned_even_when_trainer_switched_config_use_cache_off():
     ids = torch.randint(1, 99, (1, 10))
     assert isinstance(model(ids).past_key_values, RecurrentGPT2State)
     assert model(ids, use_cache=False).past_key_values is None
+
+
+def test_return_logits_false_without_labels_returns_only_the_state():
+    out = make_model()(torch.randint(1, 99, (1, 20)), return_logits=False)
+    assert out.logits is None and out.loss is None and out.past_key_values.get_seq_length() == 20

@@ -384,7 +384,7 @@ class _StepOutput:
     values: list[torch.Tensor]
     pooled: torch.Tensor  # (batch, hidden) float32 layer-weighted sum over the step's real positions
     all_hidden: tuple[torch.Tensor, ...] | None
-    head: tuple[torch.Tensor | None, torch.Tensor | None] | None
+    head: torch.Tensor | None  # what step_head returned (the window's loss)
 
 
 class RecurrentGPT2PreTrainedModel(PreTrainedModel):
@@ -735,6 +735,12 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
+    def _loss(self, logits: torch.Tensor, shift_labels: torch.Tensor, num_items: torch.Tensor | int) -> torch.Tensor:
+        """Summed cross-entropy of already shifted labels, divided by the item count of the whole input."""
+        return self.loss_function(
+            logits, None, self.config.vocab_size, shift_labels=shift_labels, num_items_in_batch=num_items
+        )
+
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.lm_head = new_embeddings
 
@@ -778,21 +784,22 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
             if num_items is None:
                 num_items = (shift_labels != -100).sum()
 
-        def lm_step(hidden: torch.Tensor, step_labels: torch.Tensor | None):
-            logits = self.lm_head(hidden)  # (batch, new, vocab)
-            loss = None
-            if step_labels is not None:
-                loss = self.loss_function(
-                    logits, None, self.config.vocab_size, shift_labels=step_labels, num_items_in_batch=num_items
-                )
-            return (logits if keep_logits else None), loss
+        def window_loss(hidden: torch.Tensor, step_labels: torch.Tensor) -> torch.Tensor:
+            return self._loss(self.lm_head(hidden), step_labels, num_items)  # (batch, new, vocab) logits, then freed
 
-        steps = self.transformer._forward_windows(
-            inputs_embeds, real, state, shift_labels, lm_step, output_hidden_states
-        )
+        if labels is not None and not keep_logits:
+            steps = self.transformer._forward_windows(
+                inputs_embeds, real, state, shift_labels, window_loss, output_hidden_states
+            )
+            logits, loss = None, torch.stack([s.head for s in steps]).sum()
+        else:
+            steps = self.transformer._forward_windows(inputs_embeds, real, state, None, None, output_hidden_states)
+            # One head call over all positions: cheaper than concatenating per-window logits.
+            logits = self.lm_head(torch.cat([s.hidden for s in steps], dim=1)) if keep_logits else None
+            loss = self._loss(logits, shift_labels, num_items) if labels is not None else None
         output = RecurrentGPT2CausalLMOutput(
-            loss=torch.stack([s.head[1] for s in steps]).sum() if labels is not None else None,
-            logits=torch.cat([s.head[0] for s in steps], dim=1) if keep_logits else None,
+            loss=loss,
+            logits=logits,
             past_key_values=state if use_cache is not False else None,
             hidden_states=_concat_hidden_states(steps) if output_hidden_states else None,
         )
