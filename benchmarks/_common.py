@@ -1,0 +1,163 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Helpers shared by the benchmark scripts: timing, machine info, tables and the docs/benchmarks.md writer.
+
+Not a benchmark itself; the scripts import it as a sibling module (`python benchmarks/<name>.py` puts this folder on
+`sys.path`).
+"""
+
+import argparse
+import contextlib
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import transformers
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DOCS_PATH = REPO_ROOT / "docs" / "benchmarks.md"
+
+DOCS_HEADER = """# Benchmarks
+
+Each script in `benchmarks/` measures the recurrent GPT-2 and the baseline it is compared with side by side in one
+run (interleaved where timing is involved, so that machine drift hits both alike) and prints a small table of
+absolute numbers and ratios; only the ratios are meant to carry over to other machines. Rerun one with
+`python benchmarks/<name>.py` (add `--help` for the bigger settings); `--write-docs` also replaces that script's
+section of this page. Weights are random: the cost of a forward pass does not depend on their values.
+
+Each section records the commit, the machine, the command, and the load on the machine at the start and at the end
+of the run. The "parallel-region probe" is the median time of a small two-thread reduction: about 0.02 ms on an idle
+machine, but milliseconds when other processes keep the cores busy, because every OpenMP parallel region then
+waits for its worker thread to be scheduled. A model that runs many small operators (single-token decoding, the
+recurrent model's per-layer pooling and mask bookkeeping) is slowed far more by that than one that runs a few big
+ones, so timing ratios taken while the probe is high are not to be trusted; rerun on an idle machine, or with
+`--threads 1`, which has no parallel regions to wait for. Memory numbers do not depend on load.
+"""
+
+
+def add_model_shape_arguments(parser: argparse.ArgumentParser, shape: dict[str, int]) -> None:
+    """The GPT-2 shape flags every benchmark takes, with that benchmark's defaults."""
+    for name in ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "window_size"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=shape[name])
+
+
+def setup(seed: int, threads: int) -> None:
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
+    # Checkpoint loading and `generate` are chatty; the benchmarks print their own tables.
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown"
+    match = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
+    return match.group(1).strip() if match else "unknown"
+
+
+def parallel_probe_ms(repeats: int = 25) -> float:
+    """Median milliseconds of a small multithreaded reduction; about 0.02 ms on an idle machine.
+
+    When other processes keep the cores busy, every OpenMP parallel region waits for its worker threads to be
+    scheduled (milliseconds each), so a model's many small operators slow down far more than its big ones and timing
+    ratios become meaningless. This probe shows whether that was happening.
+    """
+    x = torch.randn(1, 300, 768)
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            x.sum(1)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def code_version() -> str:
+    """Commit of the checkout the benchmark ran on, with "+changes" when the model's sources differ from it."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=REPO_ROOT, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + (" +changes" if dirty.stdout.strip() else "")
+
+
+def machine_info() -> str:
+    """One markdown line describing where the numbers came from."""
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    return (
+        f"commit {code_version()}; {cpu_model()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads; "
+        f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}; "
+        f"load average at start {load}; parallel-region probe {parallel_probe_ms():.2f} ms (idle: about 0.02 ms)"
+    )
+
+
+def load_at_end() -> str:
+    """Load average and parallel-region probe after the measurements, to compare with those at the start."""
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    return f"at the end: load average {load}, parallel-region probe {parallel_probe_ms():.2f} ms"
+
+
+def command_line() -> str:
+    script = Path(sys.argv[0]).resolve()
+    with contextlib.suppress(ValueError):
+        script = script.relative_to(REPO_ROOT)
+    return "python " + " ".join(shlex.quote(a) for a in [str(script), *sys.argv[1:]])
+
+
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Time each function `repeats` times in rounds (A B C A B C ...), after `warmup` untimed rounds.
+
+    Returns the seconds of every timed call per name. The order inside a round rotates from round to round so that
+    no function always runs right after the same other one.
+    """
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(warmup + repeats):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            fns[name]()
+            elapsed = time.perf_counter() - start
+            if round_index >= warmup:
+                times[name].append(elapsed)
+    return times
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
+    cells = [[str(c) for c in row] for row in rows]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in cells]
+    return "\n".join(lines)
+
+
+def write_section(name: str, body: str) -> None:
+    """Replace the `<!-- bench:NAME -->` ... `<!-- /bench:NAME -->` section of docs/benchmarks.md, or append it."""
+    begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    section = f"{begin}\n{body.strip()}\n{end}"
+    text = DOCS_PATH.read_text() if DOCS_PATH.exists() else DOCS_HEADER
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section, text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    DOCS_PATH.parent.mkdir(parents=True, exist_ok=True)
+    DOCS_PATH.write_text(text)
+    print(f"wrote the {name} section of {DOCS_PATH.relative_to(REPO_ROOT)}")
