@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window_size", type=int, default=64, help="Tokens per window.")
     parser.add_argument("--window_overlap", type=int, default=8, help="Tokens each window re-reads.")
     parser.add_argument("--windows_per_block", type=int, default=4, help="Windows per training block (BPTT span).")
-    parser.add_argument("--max_steps", type=int, default=120, help="Training steps.")
+    parser.add_argument("--max_steps", type=int, default=500, help="Training steps.")
     parser.add_argument("--new_tokens", type=int, default=300, help="Tokens to generate.")
     parser.add_argument("--seed", type=int, default=0)
 
@@ -113,12 +113,19 @@ def run(args: argparse.Namespace) -> dict[str, float]:
 
     generator = pipeline("text-generation", model=model.eval(), tokenizer=tokenizer)
     prompt = "def main(argv=None):\n"
-    text = generator(
-        prompt, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False, return_full_text=False
-    )
-    text = text[0]["generated_text"]
-    generated = len(tokenizer(text).input_ids)
-    print(f"[5/5] generated {generated} tokens with a {args.n_positions}-position model:")
-    print(prompt + text[:600] + ("..." if len(text) > 600 else ""))
+    torch.manual_seed(args.seed)
+    output = generator(
+        prompt,
+        max_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens,
+        do_sample=True,
+        top_k=40,
+        temperature=0.8,
+        return_tensors=True,
+    )[0]["generated_token_ids"]
+    generated = len(output) - len(tokenizer(prompt).input_ids)
+    text = tokenizer.decode(output, skip_special_tokens=True)
+    print(f"[5/5] sampled {generated} new tokens from a model with {args.n_positions} positions:")
+    print(text[:800] + ("..." if len(text) > 800 else ""))
     print(f"Done in {time.perf_counter() - start:.0f}s. Saved to {args.output_dir}")
     return {"eval_loss": eval_loss, "generated_tokens": generated}
