@@ -320,6 +320,24 @@ class TestGradientCheckpointing:
         for name, grad in plain_grads.items():
             torch.testing.assert_close(checked_grads[name], grad, msg=name)
 
+    def test_frozen_embeddings_still_train_inner_weights(self):
+        # A frozen backbone with trainable inner weights (what PEFT's LoRA does): nothing fed to a window requires grad.
+        model = make_model().train()
+        for name, parameter in model.named_parameters():
+            parameter.requires_grad = name == "transformer.h.0.attn.c_attn.weight"
+        ids = torch.randint(0, 99, (2, 24))
+
+        def gradient():
+            torch.manual_seed(3)
+            model.zero_grad()
+            model(ids, labels=ids).loss.backward()
+            return model.transformer.h[0].attn.c_attn.weight.grad.clone()
+
+        plain = gradient()
+        model.activation_checkpointing_enable()
+        torch.testing.assert_close(gradient(), plain)
+        assert plain.abs().sum() > 0
+
     def test_checkpointing_keeps_only_the_bottleneck(self):
         # What autograd keeps alive between forward and backward, parameters excluded: with window checkpointing only
         # the per-window bottleneck (h_prev path, losses) survives, so 12 windows keep less than one unchecked window.
