@@ -49,6 +49,11 @@ def add_model_shape_arguments(parser: argparse.ArgumentParser, shape: dict[str, 
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=shape[name])
 
 
+def gpt2_dims(args: argparse.Namespace) -> dict[str, int]:
+    """The GPT-2 config fields set by `add_model_shape_arguments` (all but the window size)."""
+    return {name: getattr(args, name) for name in ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions")}
+
+
 def setup(seed: int, threads: int) -> None:
     torch.manual_seed(seed)
     torch.set_num_threads(threads)

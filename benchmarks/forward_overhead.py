@@ -27,6 +27,7 @@ import torch
 from _common import (
     add_model_shape_arguments,
     command_line,
+    gpt2_dims,
     interleaved,
     load_at_end,
     machine_info,
@@ -96,13 +97,7 @@ def main() -> None:
     setup(args.seed, args.threads)
     info = machine_info()
     window, windows, batch = args.window_size, args.windows, args.batch_size
-    config = GPT2Config(
-        n_layer=args.n_layer,
-        n_embd=args.n_embd,
-        n_head=args.n_head,
-        vocab_size=args.vocab_size,
-        n_positions=args.n_positions,
-    )
+    config = GPT2Config(**gpt2_dims(args))
     ids = torch.randint(0, args.vocab_size, (batch, windows * window))
     chunks = list(ids.split(window, dim=1))  # `windows` x (batch, window)
     stacked = torch.cat(chunks, dim=0)  # (windows * batch, window): all windows as one batch

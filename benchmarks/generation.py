@@ -34,6 +34,7 @@ import torch
 from _common import (
     add_model_shape_arguments,
     command_line,
+    gpt2_dims,
     load_at_end,
     machine_info,
     markdown_table,
@@ -165,11 +166,7 @@ def decode_stock(model, prompt: torch.Tensor, n_positions: int, steady_tokens: i
 
 def recurrent_config(args: argparse.Namespace, overlap: int) -> RecurrentGPT2Config:
     return RecurrentGPT2Config(
-        n_layer=args.n_layer,
-        n_embd=args.n_embd,
-        n_head=args.n_head,
-        vocab_size=args.vocab_size,
-        n_positions=args.n_positions,
+        **gpt2_dims(args),
         window_size=args.window_size,
         window_overlap=overlap,
         insertion_layer=min(2, args.n_layer - 1),
@@ -219,15 +216,7 @@ def main() -> None:
     info = machine_info()
     prompt = torch.randint(0, args.vocab_size, (1, args.prompt_tokens))
     recurrent = RecurrentGPT2LMHeadModel(recurrent_config(args, 0)).eval()
-    stock = GPT2LMHeadModel(
-        GPT2Config(
-            n_layer=args.n_layer,
-            n_embd=args.n_embd,
-            n_head=args.n_head,
-            vocab_size=args.vocab_size,
-            n_positions=args.n_positions,
-        )
-    ).eval()
+    stock = GPT2LMHeadModel(GPT2Config(**gpt2_dims(args))).eval()
     missing, unexpected = stock.load_state_dict(recurrent.state_dict(), strict=False)
     assert not missing and all(".recurrence." in k for k in unexpected), (missing, unexpected)
 

@@ -34,6 +34,7 @@ import torch
 from _common import (
     add_model_shape_arguments,
     command_line,
+    gpt2_dims,
     load_at_end,
     machine_info,
     markdown_table,
@@ -75,13 +76,7 @@ def run_child(args: argparse.Namespace, spec: dict) -> dict:
     """One configuration, in this (fresh) process."""
     setup(args.seed, args.threads)
     window, windows, batch = args.window_size, spec["windows"], args.batch_size
-    dims = {
-        "n_layer": args.n_layer,
-        "n_embd": args.n_embd,
-        "n_head": args.n_head,
-        "vocab_size": args.vocab_size,
-        "n_positions": args.n_positions,
-    }
+    dims = gpt2_dims(args)
     if spec["model"] == "stock":
         model = GPT2LMHeadModel(GPT2Config(**dims))
     else:
