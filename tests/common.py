@@ -45,8 +45,14 @@ def stdlib_tokenizer(vocab_size: int = 300) -> PreTrainedTokenizerFast:
     return train_byte_level_bpe((text for _, text in python_stdlib_documents(limit=8)), vocab_size=vocab_size)
 
 
-def run_isolated_python(code: str, cwd: Path, hf_home: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run `code` in a fresh interpreter where `hf_recurrence` cannot be imported, even though it is installed."""
+def run_isolated_python(
+    code: str, cwd: Path, hf_home: Path, timeout: int = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter where `hf_recurrence` cannot be imported, even though it is installed.
+
+    The interpreter is offline with an empty cache at `hf_home`; `env` adds or overrides variables, e.g.
+    `{"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub_url}` to load from the test Hub.
+    """
     prelude = "import sys\nsys.modules['hf_recurrence'] = None\n"
     env = {
         "PATH": "/usr/bin:/bin",
@@ -55,6 +61,7 @@ def run_isolated_python(code: str, cwd: Path, hf_home: Path, timeout: int = 300)
         "HF_HUB_OFFLINE": "1",
         "PYTHONPATH": "",
         "TOKENIZERS_PARALLELISM": "false",
+        **(env or {}),
     }
     return subprocess.run(
         [sys.executable, "-c", prelude + code],

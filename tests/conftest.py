@@ -1,25 +1,63 @@
-"""Test session set-up: offline, private HF cache, deterministic, two threads.
+"""Test session set-up: a Hub on loopback, private HF cache, deterministic, two threads.
 
-The environment is set in `pytest_configure`, before any test module imports `huggingface_hub` or `transformers`, which
-read it at import time.
+Nothing in a test session may reach the real Hugging Face Hub. `HF_HUB_OFFLINE` cannot be the guard: huggingface_hub
+reads it once, at import, into a process-wide constant, so it could not be lifted for the tests that push and pull
+without patching module constants of two libraries. Instead the whole session points `HF_ENDPOINT` at the project's own
+Hub-API server (tests/hub/server.py) on 127.0.0.1, started here before anything imports huggingface_hub or
+transformers (both read the endpoint at import time), and checks that the clients took it. A test that touches the Hub
+by accident gets a fast "not found" from loopback, never a network call.
+
+`HF_TOKEN` is the token of the user "alice"; `BOB_TOKEN` is a second user's, for access checks.
 """
 
 import os
 import tempfile
+from urllib.parse import urlsplit
+
+import pytest
+
+from .hub.server import HubServer
+
+
+ALICE_TOKEN = "hf_test_token_alice"
+BOB_TOKEN = "hf_test_token_bob"
+HUB_SERVER = pytest.StashKey[HubServer]()
 
 
 def pytest_configure(config):
-    os.environ["HF_HUB_OFFLINE"] = "1"
+    hub = HubServer({ALICE_TOKEN: "alice", BOB_TOKEN: "bob"}).start()
+    config.stash[HUB_SERVER] = hub
+    os.environ.pop("HF_HUB_OFFLINE", None)
+    os.environ["HF_ENDPOINT"] = hub.url
+    os.environ["HF_TOKEN"] = ALICE_TOKEN
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="hf_recurrence_test_home_"))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    from huggingface_hub import constants
+
+    assert urlsplit(constants.ENDPOINT).hostname == "127.0.0.1", (
+        f"huggingface_hub was imported before the test Hub started: its endpoint is {constants.ENDPOINT}"
+    )
 
     import torch
 
     torch.set_num_threads(2)
 
 
+def pytest_unconfigure(config):
+    hub = config.stash.get(HUB_SERVER, None)
+    if hub is not None:
+        hub.stop()
+
+
 def pytest_runtest_setup(item):
     import torch
 
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def hub_server(pytestconfig) -> HubServer:
+    """The session's Hub-API server; `HF_ENDPOINT` points at it."""
+    return pytestconfig.stash[HUB_SERVER]

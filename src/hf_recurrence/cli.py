@@ -4,6 +4,18 @@ import argparse
 from collections.abc import Sequence
 
 from . import demo
+from .commands import push
+
+
+# name -> (module with `add_arguments(parser)`, `run(args)` and a docstring, one-line help, help formatter)
+COMMANDS = {
+    "demo": (
+        demo,
+        "Offline demo: convert a small GPT-2 into a recurrent one, train it on real text, generate.",
+        argparse.ArgumentDefaultsHelpFormatter,
+    ),
+    "push": (push, "Upload a saved model folder to the Hub with a model card.", argparse.RawDescriptionHelpFormatter),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -12,22 +24,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Recurrence across windows of text for Hugging Face transformers models.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo.add_arguments(
-        commands.add_parser(
-            "demo",
-            help="Offline demo: convert a small GPT-2 into a recurrent one, train it on real text, generate.",
-            description=demo.__doc__,
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    for name, (module, summary, formatter_class) in COMMANDS.items():
+        module.add_arguments(
+            commands.add_parser(name, help=summary, description=module.__doc__, formatter_class=formatter_class)
         )
-    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "demo":
-        demo.run(args)
-    return 0
+    module = COMMANDS[args.command][0]
+    # A command that returns nothing succeeded.
+    return module.run(args) or 0
 
 
 if __name__ == "__main__":

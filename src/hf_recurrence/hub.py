@@ -1,0 +1,306 @@
+"""Sharing on the Hugging Face Hub: model cards and pushes that load anywhere with `trust_remote_code=True`.
+
+The model folders stay self-contained (they cannot import `hf_recurrence`), so everything a card says about a family
+lives here, in `FAMILIES`, keyed by `model_type`: its paper, the pipeline it serves, and which config fields are its
+recurrence settings. Adding a family to the cards is one entry.
+"""
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from huggingface_hub import CommitInfo, CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging
+
+
+logger = logging.get_logger(__name__)
+
+DEFAULT_COMMIT_MESSAGE = "Upload model with hf-recurrence"
+
+
+@dataclass(frozen=True)
+class Paper:
+    """A paper a family implements, cited on its model cards."""
+
+    authors: tuple[str, ...]
+    title: str
+    year: int
+    arxiv: str
+
+    @property
+    def url(self) -> str:
+        return f"https://arxiv.org/abs/{self.arxiv}"
+
+    @property
+    def short_authors(self) -> str:
+        surnames = [author.split()[-1] for author in self.authors]
+        if len(surnames) > 3:
+            return f"{surnames[0]} et al."
+        return " and ".join([", ".join(surnames[:-1]), surnames[-1]]) if len(surnames) > 1 else surnames[0]
+
+    def bibtex(self) -> str:
+        key = f"{self.authors[0].split()[-1].lower()}{self.year}"
+        return (
+            f"@article{{{key},\n"
+            f"  title = {{{self.title}}},\n"
+            f"  author = {{{' and '.join(self.authors)}}},\n"
+            f"  journal = {{arXiv preprint arXiv:{self.arxiv}}},\n"
+            f"  year = {{{self.year}}}\n"
+            "}"
+        )
+
+
+@dataclass(frozen=True)
+class FamilyCard:
+    """What a model card says about one model family."""
+
+    name: str
+    paper: Paper
+    pipeline_tag: str
+    auto_class: str
+    # Config fields shown under "Recurrence settings", in this order.
+    settings: tuple[str, ...]
+
+
+FAMILIES: dict[str, FamilyCard] = {
+    "recurrent_gpt2": FamilyCard(
+        name="Recurrent GPT-2",
+        paper=Paper(
+            authors=("Davis Yoshida", "Allyson Ettinger", "Kevin Gimpel"),
+            title="Adding Recurrence to Pretrained Transformers for Improved Efficiency and Context Size",
+            year=2020,
+            arxiv="2008.07027",
+        ),
+        pipeline_tag="text-generation",
+        auto_class="AutoModelForCausalLM",
+        settings=("window_size", "window_overlap", "insertion_layer", "recurrence_hidden_sizes", "bptt_windows"),
+    ),
+    "inductive_bert": FamilyCard(
+        name="I-BERT (inductive BERT)",
+        paper=Paper(
+            authors=("Hyoungwook Nam", "Seung Byum Seo", "Vikram Sharma Mailthody", "Noor Michael", "Lan Li"),
+            title="I-BERT: Inductive Generalization of Transformer to Arbitrary Context Lengths",
+            year=2020,
+            arxiv="2006.10220",
+        ),
+        pipeline_tag="fill-mask",
+        auto_class="AutoModelForMaskedLM",
+        # TODO(issue 6): the position-embedding and every-block-LSTM switch names, once the inductive_bert family
+        # is merged.
+        settings=(),
+    ),
+    "transformer_xl": FamilyCard(
+        name="Transformer-XL",
+        paper=Paper(
+            authors=(
+                "Zihang Dai",
+                "Zhilin Yang",
+                "Yiming Yang",
+                "Jaime Carbonell",
+                "Quoc V. Le",
+                "Ruslan Salakhutdinov",
+            ),
+            title="Transformer-XL: Attentive Language Models Beyond a Fixed-Length Context",
+            year=2019,
+            arxiv="1901.02860",
+        ),
+        pipeline_tag="text-generation",
+        auto_class="AutoModelForCausalLM",
+        settings=("segment_length", "mem_len", "clamp_len", "same_length"),
+    ),
+}
+
+
+def family_card(config: PretrainedConfig) -> FamilyCard:
+    if config.model_type not in FAMILIES:
+        raise ValueError(
+            f"No model card facts for model_type={config.model_type!r}; known families: {sorted(FAMILIES)}"
+        )
+    return FAMILIES[config.model_type]
+
+
+def base_model_of(config: PretrainedConfig, repo_id: str) -> str | None:
+    """The Hub checkpoint `config` was loaded (converted) from, if it came from the Hub and is not `repo_id` itself."""
+    source = getattr(config, "_name_or_path", "") or ""
+    if not source or source == repo_id or os.path.exists(source):
+        return None
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        return None
+    return source
+
+
+def model_card(
+    model_or_config: PreTrainedModel | PretrainedConfig,
+    repo_id: str,
+    *,
+    base_model: str | None = None,
+    eval_results: list[EvalResult] | None = None,
+) -> ModelCard:
+    """The model card (README.md with metadata) of a checkpoint of one of the package's families.
+
+    Args:
+        model_or_config (`PreTrainedModel` or `PretrainedConfig`):
+            The model, or its config, whose family, recurrence settings and origin the card describes.
+        repo_id (`str`):
+            The Hub repo the card is for; used in the title and the usage snippet.
+        base_model (`str`, *optional*):
+            The Hub checkpoint this one was converted or fine-tuned from. Defaults to the config's `_name_or_path`
+            when that names a Hub repo (not a local folder) other than `repo_id`.
+        eval_results (`list[huggingface_hub.EvalResult]`, *optional*):
+            Evaluation results, written into the card's `model-index` metadata and an "Evaluation" table.
+    """
+    config = model_or_config.config if isinstance(model_or_config, PreTrainedModel) else model_or_config
+    family = family_card(config)
+    base_model = base_model or base_model_of(config, repo_id)
+    settings = {name: getattr(config, name) for name in family.settings if hasattr(config, name)}
+    data = ModelCardData(
+        library_name="transformers",
+        pipeline_tag=family.pipeline_tag,
+        tags=["hf-recurrence", config.model_type, "custom_code", f"arxiv:{family.paper.arxiv}"],
+        base_model=base_model,
+        model_name=repo_id.split("/")[-1] if eval_results else None,
+        eval_results=eval_results,
+        recurrence_settings=settings or None,
+    )
+    sections = [
+        _overview(repo_id, family, base_model),
+        _settings_section(settings),
+        _usage_section(repo_id, family),
+        _evaluation_section(eval_results),
+        f"## Citation\n\n```bibtex\n{family.paper.bibtex()}\n```\n",
+    ]
+    body = "\n".join(section for section in sections if section)
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
+
+
+def _overview(repo_id: str, family: FamilyCard, base_model: str | None) -> str:
+    paper = family.paper
+    text = (
+        f"# {repo_id.split('/')[-1]}\n\n"
+        f"A checkpoint of the {family.name} of {paper.short_authors} ({paper.year}), [{paper.title}]({paper.url}), "
+        "saved with the `hf-recurrence` package.\n"
+    )
+    if base_model:
+        text += f"\nConverted from `{base_model}`.\n"
+    return text
+
+
+def _settings_section(settings: dict[str, object]) -> str:
+    if not settings:
+        return ""
+    rows = [f"| `{name}` | `{value!r}` |" for name, value in settings.items()]
+    return "## Recurrence settings\n\n| setting | value |\n| --- | --- |\n" + "\n".join(rows) + "\n"
+
+
+def _usage_section(repo_id: str, family: FamilyCard) -> str:
+    return (
+        "## Usage\n\n"
+        "The model code ships with the checkpoint, so `hf-recurrence` need not be installed; "
+        "`trust_remote_code=True` runs the repo's `.py` files. Pin `revision=` to a commit sha to run exactly the "
+        "code you reviewed.\n\n"
+        "```python\n"
+        f"from transformers import {family.auto_class}, pipeline\n\n"
+        f'model = {family.auto_class}.from_pretrained("{repo_id}", trust_remote_code=True)\n'
+        f'pipe = pipeline("{family.pipeline_tag}", model="{repo_id}", trust_remote_code=True)\n'
+        "```\n"
+    )
+
+
+def _evaluation_section(eval_results: list[EvalResult] | None) -> str:
+    if not eval_results:
+        return ""
+    rows = [
+        f"| {result.dataset_name} | {result.metric_name or result.metric_type} | {result.metric_value} |"
+        for result in eval_results
+    ]
+    return "## Evaluation\n\n| dataset | metric | value |\n| --- | --- | --- |\n" + "\n".join(rows) + "\n"
+
+
+def write_model_card(
+    folder: str | os.PathLike,
+    repo_id: str,
+    *,
+    base_model: str | None = None,
+    eval_results: list[EvalResult] | None = None,
+) -> Path:
+    """Write the model card of the checkpoint saved in `folder` to `folder/README.md` and return its path."""
+    path = Path(folder) / "README.md"
+    config = AutoConfig.from_pretrained(folder)
+    model_card(config, repo_id, base_model=base_model, eval_results=eval_results).save(path)
+    return path
+
+
+def push_folder(
+    folder: str | os.PathLike,
+    repo_id: str,
+    *,
+    base_model: str | None = None,
+    eval_results: list[EvalResult] | None = None,
+    revision: str | None = None,
+    private: bool | None = None,
+    token: str | None = None,
+    commit_message: str = DEFAULT_COMMIT_MESSAGE,
+) -> CommitInfo:
+    """Upload a folder written by `save_pretrained` to `repo_id` in one commit, with a model card.
+
+    The folder's own README.md is uploaded as it is; without one, the card of `model_card` is added to the commit
+    (the folder itself is not changed). The repo is created if needed, and the branch `revision` too.
+    """
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{folder} is not a saved model folder: it has no config.json")
+    operations = [
+        CommitOperationAdd(path_in_repo=path.relative_to(folder).as_posix(), path_or_fileobj=str(path))
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+    ]
+    if (folder / "README.md").exists():
+        if base_model or eval_results:
+            logger.warning(f"{folder} has its own README.md: base_model and eval_results are not added to it")
+    else:
+        card = model_card(
+            AutoConfig.from_pretrained(folder), repo_id, base_model=base_model, eval_results=eval_results
+        )
+        operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=str(card).encode()))
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    if revision is not None:
+        api.create_branch(repo_id, branch=revision, exist_ok=True)
+    return api.create_commit(repo_id, operations, commit_message=commit_message, revision=revision)
+
+
+def push_to_hub(
+    model: PreTrainedModel,
+    repo_id: str,
+    *,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    base_model: str | None = None,
+    eval_results: list[EvalResult] | None = None,
+    revision: str | None = None,
+    private: bool | None = None,
+    token: str | None = None,
+    commit_message: str = DEFAULT_COMMIT_MESSAGE,
+) -> CommitInfo:
+    """Push `model` (weights, config with the full `auto_map`, model code, generation config), `tokenizer` and a
+    model card to `repo_id` in one commit, and return the commit.
+
+    `base_model` defaults to the Hub checkpoint the model was loaded from (see `model_card`). `revision` names a
+    branch, created from `main` if it does not exist.
+    """
+    with tempfile.TemporaryDirectory(prefix="hf_recurrence_push_") as folder:
+        model.save_pretrained(folder)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+        model_card(model, repo_id, base_model=base_model, eval_results=eval_results).save(Path(folder) / "README.md")
+        return push_folder(
+            folder, repo_id, revision=revision, private=private, token=token, commit_message=commit_message
+        )
+
+
+__all__ = ["FAMILIES", "FamilyCard", "Paper", "model_card", "push_folder", "push_to_hub", "write_model_card"]
