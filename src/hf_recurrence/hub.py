@@ -13,7 +13,7 @@ from pathlib import Path
 from huggingface_hub import CommitInfo, CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
-from transformers import AutoConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging
 
 
@@ -115,7 +115,7 @@ FAMILIES: dict[str, FamilyCard] = {
 }
 
 
-def family_card(config: PretrainedConfig) -> FamilyCard:
+def family_card(config: PreTrainedConfig) -> FamilyCard:
     if config.model_type not in FAMILIES:
         raise ValueError(
             f"No model card facts for model_type={config.model_type!r}; known families: {sorted(FAMILIES)}"
@@ -123,7 +123,7 @@ def family_card(config: PretrainedConfig) -> FamilyCard:
     return FAMILIES[config.model_type]
 
 
-def base_model_of(config: PretrainedConfig, repo_id: str) -> str | None:
+def base_model_of(config: PreTrainedConfig, repo_id: str) -> str | None:
     """The Hub checkpoint `config` was loaded (converted) from, if it came from the Hub and is not `repo_id` itself."""
     source = getattr(config, "_name_or_path", "") or ""
     if not source or source == repo_id or os.path.exists(source):
@@ -136,7 +136,7 @@ def base_model_of(config: PretrainedConfig, repo_id: str) -> str | None:
 
 
 def model_card(
-    model_or_config: PreTrainedModel | PretrainedConfig,
+    model_or_config: PreTrainedModel | PreTrainedConfig,
     repo_id: str,
     *,
     base_model: str | None = None,
@@ -145,7 +145,7 @@ def model_card(
     """The model card (README.md with metadata) of a checkpoint of one of the package's families.
 
     Args:
-        model_or_config (`PreTrainedModel` or `PretrainedConfig`):
+        model_or_config (`PreTrainedModel` or `PreTrainedConfig`):
             The model, or its config, whose family, recurrence settings and origin the card describes.
         repo_id (`str`):
             The Hub repo the card is for; used in the title and the usage snippet.

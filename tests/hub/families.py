@@ -3,7 +3,7 @@
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_recurrence import RecurrentGPT2LMHeadModel
 
@@ -19,10 +19,13 @@ class HubFamily:
     pipeline_task: str
     pipeline_inputs: str
     pipeline_kwargs: dict
+    # Length of the random input whose outputs the pulled model must reproduce; longer than the family's window,
+    # segment or position table, so that the recurrence is exercised.
+    reference_length: int
     # A recurrence setting and a value the family's config rejects with a ValueError naming the setting.
     invalid_setting: tuple[str, object]
     # For generation: the length the non-recurrent architecture cannot read past (generation must go beyond it).
-    context_limit: Callable[[PretrainedConfig], int] | None = None
+    context_limit: Callable[[PreTrainedConfig], int] | None = None
 
 
 def tiny_recurrent_gpt2() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -40,6 +43,7 @@ HUB_FAMILIES = [
         pipeline_inputs="def read_windows(path):",
         # min_new_tokens keeps a random model from stopping early at its end-of-text token.
         pipeline_kwargs={"max_new_tokens": 40, "min_new_tokens": 40, "do_sample": False, "return_tensors": True},
+        reference_length=48,
         invalid_setting=("window_size", 0),
         context_limit=lambda config: config.n_positions,
     ),

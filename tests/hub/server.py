@@ -32,11 +32,12 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 class HubError(Exception):
     """An error answer: status, the `X-Error-Code` the clients dispatch on, and a message."""
 
-    def __init__(self, status: int, message: str, code: str | None = None, **body):
+    def __init__(self, status: int, message: str, code: str | None = None, headers: dict | None = None, **body):
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = headers or {}
         # More fields of the JSON answer, e.g. the existing repo's "url" that create_repo(exist_ok=True) reads.
         self.body = body
 
@@ -60,11 +61,14 @@ class Repo:
 class HubServer:
     """Serve the Hub API on `127.0.0.1` (a free port) from a background thread.
 
-    `tokens` maps each accepted token to its user name. Use as a context manager, or call `start()` and `stop()`.
+    `tokens` maps each accepted token to its user name. A connection that stalls mid-request (a body shorter than its
+    Content-Length) for `stall_timeout` seconds gets a 400 and is closed; so is one idle that long between requests.
+    Use as a context manager, or call `start()` and `stop()`.
     """
 
-    def __init__(self, tokens: dict[str, str]):
+    def __init__(self, tokens: dict[str, str], stall_timeout: float = 30.0):
         self.tokens = dict(tokens)
+        self.stall_timeout = stall_timeout
         self.repos: dict[str, Repo] = {}
         self.lock = threading.Lock()
         self._commit_counter = itertools.count()
@@ -78,7 +82,7 @@ class HubServer:
 
     def start(self) -> "HubServer":
         self._data_dir = Path(tempfile.mkdtemp(prefix="hf_recurrence_hub_"))
-        handler = type("BoundHubRequestHandler", (HubRequestHandler,), {"hub": self})
+        handler = type("BoundHubRequestHandler", (HubRequestHandler,), {"hub": self, "timeout": self.stall_timeout})
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._httpd.daemon_threads = True
         threading.Thread(target=self._httpd.serve_forever, name="hub-server", daemon=True).start()
@@ -124,8 +128,6 @@ class HubRequestHandler(BaseHTTPRequestHandler):
     """One connection. Keep-alive safe: every request body is read in full before answering."""
 
     protocol_version = "HTTP/1.1"
-    # Seconds a connection may stall mid-request (a body shorter than its Content-Length) before it is dropped.
-    timeout = 5
     hub: HubServer
 
     def log_message(self, format, *args) -> None:
@@ -176,7 +178,9 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         try:
             data = self.rfile.read(size)
         except TimeoutError:
-            data = b""
+            raise HubError(
+                400, f"Request body stalled: its {size} bytes did not arrive within {self.timeout} s"
+            ) from None
         if len(data) != size:
             raise HubError(400, f"Request body ended after {len(data)} of {size} bytes")
         return data
@@ -210,7 +214,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         self.send_answer(status, json.dumps(payload).encode(), headers)
 
     def send_error_answer(self, error: HubError) -> None:
-        headers = {"X-Error-Message": error.message}
+        headers = {"X-Error-Message": error.message, **error.headers}
         if error.code:
             headers["X-Error-Code"] = error.code
         self.send_json({"error": error.message, **error.body}, error.status, headers)
@@ -391,7 +395,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
             sha = repo.commits[commit].get(path)
         if sha is None:
             # transformers probes optional files (adapter_config.json, ...) and expects exactly this answer.
-            raise HubError(404, f"Entry not found: {path}", "EntryNotFound") from None
+            raise HubError(404, f"Entry not found: {path}", "EntryNotFound", headers={"X-Repo-Commit": commit})
         content = b"" if self.command == "HEAD" else self.hub.blob_path(sha).read_bytes()
         headers = {
             "Content-Type": "application/octet-stream",

@@ -1,21 +1,23 @@
 """Model cards, what a push uploads, plain `model.push_to_hub`, and `hf-recurrence push` on a saved folder."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import torch
 from huggingface_hub import EvalResult, HfApi, ModelCard, hf_hub_download
 from huggingface_hub.errors import RepositoryNotFoundError
-from transformers import AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoModelForCausalLM, PreTrainedConfig
 
 from hf_recurrence import RecurrentGPT2LMHeadModel
 from hf_recurrence.cli import main
 from hf_recurrence.hub import FAMILIES, model_card, push_to_hub, write_model_card
 from hf_recurrence.models.recurrent_gpt2.configuration_recurrent_gpt2 import AUTO_MAP
 
-from ..common import stdlib_tokenizer, tiny_recurrent_config
+from ..common import REPO_ROOT, stdlib_tokenizer, tiny_recurrent_config
 from ..conftest import BOB_TOKEN
+from .families import HUB_FAMILIES
 
 
 PERPLEXITY = EvalResult(
@@ -27,15 +29,22 @@ PERPLEXITY = EvalResult(
 )
 
 
-def assert_card_metadata(card: ModelCard, config: PretrainedConfig, base_model: str | None) -> None:
+def assert_card_metadata(card: ModelCard, config: PreTrainedConfig, base_model: str | None) -> None:
     family = FAMILIES[config.model_type]
     assert card.data.library_name == "transformers"
     assert card.data.pipeline_tag == family.pipeline_tag
     assert {"hf-recurrence", config.model_type, f"arxiv:{family.paper.arxiv}"} <= set(card.data.tags)
     assert card.data.base_model == base_model
-    assert card.data.recurrence_settings == {name: getattr(config, name) for name in family.settings}
+    assert (card.data.get("recurrence_settings") or {}) == {name: getattr(config, name) for name in family.settings}
     assert "trust_remote_code=True" in card.text
     assert family.paper.title in card.text
+
+
+@pytest.mark.parametrize("family", HUB_FAMILIES, ids=lambda family: family.model_type)
+def test_every_family_has_a_card(family):
+    model, _ = family.make()
+    card = model_card(model, f"alice/{family.model_type}")
+    assert_card_metadata(ModelCard(str(card)), model.config, base_model=None)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +106,7 @@ def test_base_model_defaults_to_the_hub_checkpoint_the_model_was_loaded_from(pus
 
 def test_a_model_type_without_card_facts_is_refused():
     with pytest.raises(ValueError, match="model_type='gpt2'"):
-        model_card(PretrainedConfig.from_dict({"model_type": "gpt2"}), "alice/x")
+        model_card(PreTrainedConfig.from_dict({"model_type": "gpt2"}), "alice/x")
 
 
 def test_plain_model_push_to_hub_gives_a_loadable_repo():
@@ -150,3 +159,17 @@ def test_cli_push_keeps_the_folders_own_card(tmp_path):
 def test_cli_push_refuses_a_folder_without_a_config(tmp_path):
     with pytest.raises(ValueError, match="has no config.json"):
         main(["push", str(tmp_path), "alice/empty"])
+
+
+def test_the_card_example_in_the_sharing_guide_is_what_model_card_writes():
+    guide = (REPO_ROOT / "docs" / "guides" / "sharing.md").read_text()
+    example = re.search(r"````markdown\n(.*?)````", guide, re.DOTALL).group(1)
+    config = tiny_recurrent_config(
+        n_positions=32, window_size=16, window_overlap=4, insertion_layer=1, recurrence_hidden_sizes=[32]
+    )
+    card = model_card(
+        config, "alice/sharing-guide-recurrent-gpt2", base_model="openai-community/gpt2", eval_results=[PERPLEXITY]
+    )
+    assert ModelCard(example).data.to_dict() == card.data.to_dict()
+    overview = card.text.split("## Recurrence settings")[0].split()
+    assert example.split("## Recurrence settings")[0].split()[-len(overview) :] == overview

@@ -17,7 +17,7 @@ from huggingface_hub.errors import (
 )
 
 from ..conftest import ALICE_TOKEN, BOB_TOKEN
-from .server import blob_sha
+from .server import HubServer, blob_sha
 
 
 AUTH = {"Authorization": f"Bearer {ALICE_TOKEN}"}
@@ -76,6 +76,20 @@ def test_a_truncated_body_gets_400_and_the_server_keeps_serving(hub_server, conn
     assert answer.startswith(b"HTTP/1.1 400 ")
     assert b"ended after 15 of 100 bytes" in answer
     assert_still_serving(connection)
+
+
+def test_a_body_shorter_than_its_content_length_on_an_open_connection_gets_400():
+    with HubServer({}, stall_timeout=0.5) as hub:
+        address = urlsplit(hub.url)
+        with socket.create_connection((address.hostname, address.port), timeout=10) as raw:
+            raw.sendall(b"POST /api/validate-yaml HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{}")
+            answer = raw.makefile("rb").read()
+        assert answer.startswith(b"HTTP/1.1 400 ")
+        assert b"Request body stalled" in answer
+        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=10)
+        connection.request("POST", "/api/validate-yaml", body=b"{}")
+        assert connection.getresponse().status == 200
+        connection.close()
 
 
 def test_an_invalid_content_length_gets_400(hub_server, connection):
