@@ -7,7 +7,7 @@ from . import demo
 from .commands import push
 
 
-# name -> (module with `add_arguments(parser)`, `run(args)` and a docstring, one-line help, help formatter)
+# name -> (module with `add_arguments(parser)`, `run(args) -> int` and a docstring, one-line help, help formatter)
 COMMANDS = {
     "demo": (
         demo,
@@ -33,9 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    module = COMMANDS[args.command][0]
-    # A command that returns nothing succeeded.
-    return module.run(args) or 0
+    if args.command == "demo":
+        # The demo returns its metrics to Python callers; on the command line it succeeded if it returned.
+        demo.run(args)
+        return 0
+    return COMMANDS[args.command][0].run(args)
 
 
 if __name__ == "__main__":
