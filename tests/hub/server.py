@@ -383,6 +383,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
                 entries.append({"type": "file", "oid": sha, "size": repo.sizes[sha], "path": path})
         if prefix and not entries and not folders:
             raise HubError(404, f"Folder {folder} not found", "EntryNotFound")
+        # A folder's oid is a stable stand-in for the git tree sha the Hub sends; the clients only pass it through.
         for path in sorted(folders):
             if recursive or path.count("/") == prefix.count("/"):
                 entries.append({"type": "directory", "oid": blob_sha(path.encode()), "size": 0, "path": path})
