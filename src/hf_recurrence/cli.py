@@ -1,9 +1,14 @@
 """The `hf-recurrence` command line."""
 
 import argparse
+import importlib
 from collections.abc import Sequence
 
-from . import demo
+
+# command -> (module implementing `add_arguments(parser)` and `run(args) -> int`, one-line help)
+COMMANDS = {
+    "pretrain": ("hf_recurrence.commands.pretrain", "Pretrain the small GPT-2 that serves as the embedded default."),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -12,22 +17,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Recurrence across windows of text for Hugging Face transformers models.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo.add_arguments(
-        commands.add_parser(
-            "demo",
-            help="Offline demo: convert a small GPT-2 into a recurrent one, train it on real text, generate.",
-            description=demo.__doc__,
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        module.add_arguments(
+            commands.add_parser(
+                name,
+                help=help_text,
+                description=module.__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+            )
         )
-    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "demo":
-        demo.run(args)
-    return 0
+    module = importlib.import_module(COMMANDS[args.command][0])
+    return module.run(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,41 @@
+"""Token streams cut into fixed-length training blocks."""
+
+from collections.abc import Iterable
+
+import torch
+from torch.utils.data import Dataset
+from transformers import PreTrainedTokenizerBase
+
+
+def token_stream(texts: Iterable[str], tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Tokenise `texts` and join them into one stream, each document followed by the tokenizer's EOS token."""
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"The tokenizer {type(tokenizer).__name__} has no eos_token to separate documents")
+    stream: list[int] = []
+    for text in texts:
+        stream += tokenizer(text, add_special_tokens=False)["input_ids"]
+        stream.append(tokenizer.eos_token_id)
+    return stream
+
+
+class TokenBlocks(Dataset):
+    """Consecutive `block_size`-token blocks of one token stream, as causal-LM examples (labels = inputs).
+
+    The stream's last partial block is left out, as in transformers' `run_clm.py`; `num_dropped_tokens` says how many
+    tokens that was.
+    """
+
+    def __init__(self, stream: list[int], block_size: int):
+        if block_size < 2:
+            raise ValueError(f"block_size must be at least 2, got block_size={block_size}")
+        if len(stream) < block_size:
+            raise ValueError(f"The token stream ({len(stream)} tokens) is shorter than one block ({block_size})")
+        num_blocks = len(stream) // block_size
+        self.num_dropped_tokens = len(stream) - num_blocks * block_size
+        self.blocks = torch.tensor(stream[: num_blocks * block_size]).view(num_blocks, block_size)
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.blocks[i], "labels": self.blocks[i]}
