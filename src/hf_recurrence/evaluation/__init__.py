@@ -4,6 +4,7 @@ from pathlib import Path
 
 from .flops import flops_per_token
 from .perplexity import RECURRENT_MODEL_TYPES, WindowedPerplexity, window_schedule, windowed_perplexity
+from .report import format_table, plot_perplexity_vs_flops
 
 
 # Local path of the `evaluate` module wrapping `windowed_perplexity`: `evaluate.load(METRIC_PATH)`.
@@ -14,6 +15,8 @@ __all__ = [
     "RECURRENT_MODEL_TYPES",
     "WindowedPerplexity",
     "flops_per_token",
+    "format_table",
+    "plot_perplexity_vs_flops",
     "window_schedule",
     "windowed_perplexity",
 ]

@@ -245,7 +245,8 @@ def _stock_nll(
         groups = [batch] if batch[-1][1] - batch[-1][0] == batch[0][1] - batch[0][0] else [batch[:-1], batch[-1:]]
         for group in filter(None, groups):
             ids = torch.stack([doc[start:end] for start, end, _ in group])  # (windows, length)
-            logits = model(input_ids=ids, use_cache=False).logits  # (windows, length, vocab)
+            # An explicit all-ones mask: the ids may contain the pad token, which is real text here.
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
             for row, (start, end, new) in enumerate(group):
                 # Positions new..end-1 predict tokens new+1..end; the document's last position predicts nothing.
                 stop = min(end, len(doc) - 1)
