@@ -13,7 +13,7 @@ backpropagates through all of them (or `--bptt_windows` back). The baseline (`--
 given here) or a recurrent GPT-2 checkpoint; its folder (or `--tokenizer_name`) holds the tokenizer. The text is
 `--train_file`/`--validation_file` (one document per file), or by default the Python standard library's own sources
 split by module (`hf_recurrence.data.stdlib_split`). `--use_lora` trains LoRA adapters on the GPT-2 backbone plus the
-whole recurrence module and saves only those.
+whole recurrence module and saves only those; its base must be a converted recurrent GPT-2 checkpoint.
 
 CPU smoke run (a GPT-2 checkpoint with its tokenizer in ./tiny-gpt2):
 
@@ -42,6 +42,7 @@ from transformers import (
     AutoTokenizer,
     GPT2LMHeadModel,
     HfArgumentParser,
+    PreTrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     Trainer,
@@ -185,6 +186,20 @@ def window_settings(model: PreTrainedModel, model_args: ModelArguments) -> tuple
     return window_size, window_overlap
 
 
+def check_lora_base(model_args: ModelArguments) -> None:
+    """An adapter is loaded back onto its base checkpoint as saved, so a recurrent base must be saved as trained."""
+    if model_args.model_type != "recurrent_gpt2":
+        return
+    saved_type = PreTrainedConfig.get_config_dict(model_args.model_name_or_path)[0].get("model_type")
+    changed = [name for name in RECURRENCE_FIELDS if name != "bptt_windows" and getattr(model_args, name) is not None]
+    if saved_type != "recurrent_gpt2" or changed:
+        raise ValueError(
+            f"--use_lora needs a recurrent GPT-2 checkpoint used with its own window settings, so that the adapter "
+            f"loads back onto it; got model_type={saved_type!r} at {model_args.model_name_or_path} and settings "
+            f"{changed}. Convert the GPT-2 first: hf-recurrence convert <gpt2> <output_dir> --window_size ..."
+        )
+
+
 def add_lora(model: PreTrainedModel, model_args: ModelArguments) -> PreTrainedModel:
     """Freeze the backbone, add LoRA adapters to it, and train (and save) the recurrence module in full."""
     from peft import LoraConfig, get_peft_model
@@ -240,6 +255,8 @@ def main() -> None:
     set_seed(training_args.seed)
 
     # 4. Tokenizer and model.
+    if model_args.use_lora:
+        check_lora_base(model_args)
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path)
     model = load_model(model_args)
     window_size, window_overlap = window_settings(model, model_args)
@@ -280,9 +297,6 @@ def main() -> None:
     if training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
         trainer.save_model()  # the model (or the adapter) and the tokenizer
-        if model_args.use_lora and trainer.is_world_process_zero():
-            # The adapter needs the recurrence settings to be put back on its base: keep the base config with it.
-            model.get_base_model().config.save_pretrained(training_args.output_dir)
         metrics = train_result.metrics
         metrics["train_samples"] = len(train_dataset)
         trainer.log_metrics("train", metrics)

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
-from hf_recurrence import RecurrentGPT2Config, RecurrentGPT2LMHeadModel
+from hf_recurrence import RecurrentGPT2LMHeadModel
 from hf_recurrence.data import TokenBlocks, token_stream
 
 from ..common import REPO_ROOT, SRC_ROOT, TINY_GPT2, stdlib_tokenizer
@@ -28,7 +28,6 @@ SCRIPT = REPO_ROOT / "examples" / "language-modeling" / "run_clm_recurrent.py"
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TRAIN_FILES = [str(STDLIB / "bisect.py"), str(STDLIB / "heapq.py")]
 VALIDATION_FILE = str(STDLIB / "abc.py")
-WINDOW = {"window_size": 8, "window_overlap": 2}
 BLOCK_SIZE = 2 + 3 * 6  # window_overlap + windows_per_block * stride
 
 
@@ -39,30 +38,34 @@ def load_script():
     return module
 
 
+RECURRENCE = {"window_size": 8, "window_overlap": 2, "insertion_layer": 1, "recurrence_hidden_sizes": [16, 16]}
+CONVERT_ON_LOAD = ("--window_size", "8", "--window_overlap", "2", "--insertion_layer", "1", "--recurrence_hidden_sizes", "16", "16")  # fmt: skip
+BASELINE = ("--model_type", "gpt2", "--window_size", "8", "--window_overlap", "2")
+
+
 @pytest.fixture(scope="module")
 def gpt2_dir(tmp_path_factory) -> Path:
-    """A tiny stock GPT-2 and its tokenizer, saved side by side as a Hub checkpoint would be.
-
-    Its position table has 300 entries, as many as the default window: PEFT's `save_pretrained` reloads the base
-    config without the window settings, and `RecurrentGPT2Config` refuses a GPT-2 config whose position table is
-    shorter than the default window.
-    """
+    """A tiny stock GPT-2 and its tokenizer, saved side by side as a Hub checkpoint would be."""
     path = tmp_path_factory.mktemp("tiny-gpt2")
     tokenizer = stdlib_tokenizer()
     torch.manual_seed(0)
-    config = GPT2Config(**{**TINY_GPT2, "vocab_size": len(tokenizer), "n_positions": 300})
-    GPT2LMHeadModel(config).save_pretrained(path)
+    GPT2LMHeadModel(GPT2Config(**{**TINY_GPT2, "vocab_size": len(tokenizer)})).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
 
-def train_args(gpt2_dir: Path, output_dir: Path, *extra: str, baseline: bool = False) -> list[str]:
-    model = (
-        ("--model_type", "gpt2") if baseline else ("--insertion_layer", "1", "--recurrence_hidden_sizes", "16", "16")
-    )
+@pytest.fixture(scope="module")
+def recurrent_dir(gpt2_dir, tmp_path_factory) -> Path:
+    """The tiny GPT-2 converted into a recurrent GPT-2 and saved with its tokenizer: the base for LoRA."""
+    path = tmp_path_factory.mktemp("tiny-recurrent-gpt2")
+    RecurrentGPT2LMHeadModel.from_pretrained(gpt2_dir, **RECURRENCE).save_pretrained(path)
+    stdlib_tokenizer().save_pretrained(path)
+    return path
+
+
+def train_args(model_dir: Path, output_dir: Path, *extra: str, model: tuple[str, ...] = CONVERT_ON_LOAD) -> list[str]:
     return [
-        *("--model_name_or_path", str(gpt2_dir), "--output_dir", str(output_dir), *model),
-        *("--window_size", "8", "--window_overlap", "2", "--windows_per_block", "3"),
+        *("--model_name_or_path", str(model_dir), "--output_dir", str(output_dir), *model, "--windows_per_block", "3"),
         *("--train_file", *TRAIN_FILES, "--max_train_samples", "32"),
         *("--do_train", "--per_device_train_batch_size", "2", "--learning_rate", "1e-3", "--logging_steps", "1"),
         *("--use_cpu", "--report_to", "none", "--disable_tqdm", "true", "--seed", "0"),
@@ -126,7 +129,7 @@ def test_baseline_collator_cuts_blocks_into_the_recurrent_windows():
 @pytest.mark.slow
 def test_baseline_trains_a_plain_gpt2(gpt2_dir, tmp_path):
     output_dir = tmp_path / "baseline"
-    run_example(train_args(gpt2_dir, output_dir, "--max_steps", "2", "--save_strategy", "no", baseline=True))
+    run_example(train_args(gpt2_dir, output_dir, "--max_steps", "2", "--save_strategy", "no", model=BASELINE))
     assert sorted(logged_losses(output_dir)) == [1, 2]
     assert type(AutoModelForCausalLM.from_pretrained(output_dir)) is GPT2LMHeadModel
 
@@ -157,10 +160,16 @@ def test_resume_from_checkpoint_continues_the_run(four_steps, gpt2_dir, tmp_path
 
 
 # peft 0.21 still reads the `is_gradient_checkpointing` property that transformers 5.23 deprecates.
-@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
-def test_lora_trains_only_adapters_and_recurrence(gpt2_dir):
+PEFT_READS_DEPRECATED_PROPERTY = pytest.mark.filterwarnings(
+    "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"
+)
+
+
+@PEFT_READS_DEPRECATED_PROPERTY
+def test_lora_trains_only_adapters_and_recurrence(recurrent_dir):
     script = load_script()
-    model_args = script.ModelArguments(model_name_or_path=str(gpt2_dir), insertion_layer=1, **WINDOW)
+    model_args = script.ModelArguments(model_name_or_path=str(recurrent_dir), use_lora=True)
+    script.check_lora_base(model_args)
     model = script.add_lora(script.load_model(model_args), model_args)
     trainable = [name for name, parameter in model.named_parameters() if parameter.requires_grad]
     assert any(".recurrence." in name for name in trainable) and any("lora_" in name for name in trainable)
@@ -168,15 +177,27 @@ def test_lora_trains_only_adapters_and_recurrence(gpt2_dir):
         assert "lora_" in name or ".recurrence.modules_to_save." in name, name
 
 
-def test_lora_adapter_round_trip(gpt2_dir, tmp_path):
+@pytest.mark.parametrize(
+    "model_dir, settings", [("gpt2_dir", {}), ("recurrent_dir", {"window_size": 4})], ids=["gpt2", "overridden"]
+)
+def test_lora_refuses_a_base_it_could_not_be_loaded_back_onto(request, model_dir, settings):
+    script = load_script()
+    model_args = script.ModelArguments(model_name_or_path=str(request.getfixturevalue(model_dir)), **settings)
+    with pytest.raises(ValueError, match="convert"):
+        script.check_lora_base(model_args)
+
+
+@PEFT_READS_DEPRECATED_PROPERTY
+def test_lora_adapter_round_trip(recurrent_dir, tmp_path):
     from peft import PeftModel
 
     output_dir = tmp_path / "lora"
     run_example(
         train_args(
-            gpt2_dir, output_dir, "--use_lora", "--learning_rate", "1e-2", "--max_steps", "2", "--save_strategy", "no",
-            "--do_eval", "--validation_file", VALIDATION_FILE, "--max_eval_samples", "4",
+            recurrent_dir, output_dir, "--use_lora", "--learning_rate", "1e-2", "--max_steps", "2",
+            "--save_strategy", "no", "--do_eval", "--validation_file", VALIDATION_FILE, "--max_eval_samples", "4",
             "--per_device_eval_batch_size", "4",
+            model=(),  # the window settings are the checkpoint's
         )
     )  # fmt: skip
     saved = load_file(output_dir / "adapter_model.safetensors")
@@ -184,9 +205,7 @@ def test_lora_adapter_round_trip(gpt2_dir, tmp_path):
     assert all("lora_" in name or ".recurrence." in name for name in saved)  # no backbone weight
     assert all(saved[name].abs().sum() > 0 for name in saved if "lora_B" in name)  # trained away from LoRA's zero init
 
-    # The base is rebuilt from the stock GPT-2 with the recurrence settings saved next to the adapter.
-    config = RecurrentGPT2Config.from_pretrained(output_dir)
-    base = RecurrentGPT2LMHeadModel.from_pretrained(gpt2_dir, config=config)
+    base = RecurrentGPT2LMHeadModel.from_pretrained(recurrent_dir)
     model = PeftModel.from_pretrained(base, output_dir).eval()
     ids = eval_blocks(stdlib_tokenizer(), 4)
     with torch.no_grad():
