@@ -71,15 +71,16 @@ def test_recurrent_model_equals_its_own_loss(overlap, monkeypatch):
     # Chunks that split windows, so the state and the boundary predictions cross calls.
     monkeypatch.setattr(perplexity, "RECURRENT_CHUNK_TOKENS", 11)
     model = recurrent_model(window_overlap=overlap).train()
-    documents = [torch.randint(0, 99, (70,)), torch.randint(0, 99, (5,))]
-    result = windowed_perplexity(model, documents, show_progress=False)
+    documents = [torch.randint(0, 99, (length,)) for length in (23, 70, 5)]
+    # Two documents per forward: the batches are (70, 23) right-padded, then (5,).
+    result = windowed_perplexity(model, documents, batch_size=2, show_progress=False)
 
     assert model.training, "the training mode is restored"
     model.eval()
     with torch.no_grad():
         losses = [model(doc[None], labels=doc[None]).loss.item() for doc in documents]
     total = sum(loss * (len(doc) - 1) for loss, doc in zip(losses, documents, strict=True))
-    assert result.num_tokens == 70 - 1 + 5 - 1
+    assert result.num_tokens == 22 + 69 + 4
     assert (result.window_size, result.overlap) == (8, overlap)
     assert result.nll == pytest.approx(total / result.num_tokens, rel=1e-5)
 

@@ -102,7 +102,7 @@ def windowed_perplexity(
             recurrent model and to 0 otherwise.
         num_words: word count of the documents, for `word_perplexity`.
         text: the documents' text instead of `num_words`; words are whitespace-separated.
-        batch_size: windows per forward for a stock model.
+        batch_size: windows per forward for a stock model; documents read side by side for a recurrent model.
         show_progress: show a tqdm progress bar over the predicted tokens.
     """
     documents = _as_documents(input_ids)
@@ -118,13 +118,16 @@ def windowed_perplexity(
     num_tokens = sum(len(doc) - 1 for doc in documents)
     progress = tqdm(total=num_tokens, unit="tok", desc="windowed perplexity", disable=not show_progress)
     with torch.no_grad(), _eval_mode(model), progress:
-        for doc in documents:
-            doc = doc.to(device)
-            if recurrent:
-                with _window_size_override(config, window_size):
-                    total_nll += _recurrent_nll(model, doc, progress)
-            else:
-                total_nll += _stock_nll(model, doc, window_size, overlap, batch_size, progress)
+        if recurrent:
+            # Longest first, so that documents batched together have similar lengths and little padding.
+            documents = sorted(documents, key=len, reverse=True)
+            with _window_size_override(config, window_size):
+                for first in range(0, len(documents), batch_size):
+                    batch = [doc.to(device) for doc in documents[first : first + batch_size]]
+                    total_nll += _recurrent_nll(model, batch, progress)
+        else:
+            for doc in documents:
+                total_nll += _stock_nll(model, doc.to(device), window_size, overlap, batch_size, progress)
 
     nll = total_nll / num_tokens
     try:
@@ -255,21 +258,23 @@ def _stock_nll(
     return total
 
 
-def _recurrent_nll(model: PreTrainedModel, doc: torch.Tensor, progress: tqdm) -> float:
-    """Summed NLL of one document read in chunks with the model's state carried across them."""
-    state, previous_last = None, None
+def _recurrent_nll(model: PreTrainedModel, documents: list[torch.Tensor], progress: tqdm) -> float:
+    """Summed NLL of documents read side by side (right-padded, each row its own state) in chunks of columns.
+
+    The recurrent model skips padding exactly, so each row gets what it gets alone.
+    """
+    lengths = torch.tensor([len(doc) for doc in documents], device=documents[0].device)
+    ids = nn.utils.rnn.pad_sequence(documents, batch_first=True)  # (docs, longest)
+    real = torch.arange(ids.shape[1], device=ids.device)[None] < lengths[:, None]
+    # Position p predicts token p + 1 when that token is real text.
+    targets = nn.functional.pad(ids[:, 1:], (0, 1))
+    predicts = nn.functional.pad(real[:, 1:], (0, 1))
+    state = None
     total = 0.0
-    for chunk in doc.split(RECURRENT_CHUNK_TOKENS):
-        out = model(input_ids=chunk[None], past_key_values=state)
+    for start in range(0, ids.shape[1], RECURRENT_CHUNK_TOKENS):
+        columns = slice(start, start + RECURRENT_CHUNK_TOKENS)
+        out = model(input_ids=ids[:, columns], attention_mask=real[:, columns].long(), past_key_values=state)
         state = out.past_key_values
-        logits = out.logits[0]  # (chunk, vocab)
-        # The previous chunk's last position predicts this chunk's first token.
-        if previous_last is not None:
-            logits = torch.cat([previous_last, logits])
-            targets = chunk
-        else:
-            targets = chunk[1:]
-        total += _summed_nll(logits[: len(targets)], targets)
-        progress.update(len(targets))
-        previous_last = logits[-1:]
+        total += _summed_nll(out.logits[predicts[:, columns]], targets[:, columns][predicts[:, columns]])
+        progress.update(int(predicts[:, columns].sum()))
     return total
