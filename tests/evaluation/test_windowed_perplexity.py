@@ -5,7 +5,7 @@ import math
 import evaluate
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from hf_recurrence import RecurrentGPT2LMHeadModel
 from hf_recurrence.evaluation import METRIC_PATH, perplexity, window_schedule, windowed_perplexity
@@ -57,6 +57,22 @@ def test_stock_model_equals_reference_loop(gpt2, window, overlap):
     assert (result.window_size, result.overlap) == (window, overlap)
     assert result.nll == pytest.approx(total / count, rel=1e-5)
     assert result.perplexity == pytest.approx(math.exp(total / count), rel=1e-5)
+
+
+def test_any_causal_lm_works_without_a_flops_count():
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=16,
+    )  # fmt: skip
+    llama = LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 99, (40,))
+    result = windowed_perplexity(llama, ids, 12, 5, show_progress=False)
+    total, count = reference_nll(llama, ids, 12, 5)
+    assert result.num_tokens == count and result.nll == pytest.approx(total / count, rel=1e-5)
+    assert result.flops_per_token is None
+    with pytest.raises(ValueError, match="window_size=17"):
+        windowed_perplexity(llama, ids, 17, 0, show_progress=False)
 
 
 def test_stock_defaults_to_the_position_table_without_overlap(gpt2):

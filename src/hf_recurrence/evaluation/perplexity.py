@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 from transformers.utils import logging
 
-from .flops import check_schedule, flops_per_token
+from .flops import GPT2_MODEL_TYPES, check_schedule, flops_per_token
 
 
 logger = logging.get_logger(__name__)
@@ -130,11 +130,8 @@ def windowed_perplexity(
                 total_nll += _stock_nll(model, doc.to(device), window_size, overlap, batch_size, progress)
 
     nll = total_nll / num_tokens
-    try:
-        flops = flops_per_token(config, window_size, overlap)
-    except ValueError:
-        logger.info(f"No analytic FLOPs count for model_type={config.model_type!r}; flops_per_token is None")
-        flops = None
+    # The analytic count covers GPT-2-shaped blocks only.
+    flops = flops_per_token(config, window_size, overlap) if config.model_type in GPT2_MODEL_TYPES else None
     return WindowedPerplexity(
         perplexity=math.exp(nll),
         nll=nll,
