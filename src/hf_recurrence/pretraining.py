@@ -34,6 +34,27 @@ def default_model_path() -> Path:
     return DEFAULT_MODEL_PATH
 
 
+def short_run_arguments(
+    output_dir: str, *, max_steps: int, batch_size: int, learning_rate: float, warmup_steps: int, seed: int
+) -> TrainingArguments:
+    """Trainer arguments of the project's own short CPU runs: AdamW, warm-up then cosine decay, no checkpoints."""
+    return TrainingArguments(
+        output_dir=output_dir,
+        max_steps=max_steps,
+        per_device_train_batch_size=batch_size,
+        per_device_eval_batch_size=batch_size,
+        learning_rate=learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=warmup_steps,
+        weight_decay=0.01,
+        logging_steps=max(1, max_steps // 10),
+        save_strategy="no",
+        report_to="none",
+        seed=seed,
+        dataloader_pin_memory=False,
+    )
+
+
 @dataclass
 class PretrainingSettings:
     vocab_size: int = 4096
@@ -41,10 +62,10 @@ class PretrainingSettings:
     n_embd: int = 192
     n_layer: int = 4
     n_head: int = 4
-    max_steps: int = 800
-    batch_size: int = 16
+    max_steps: int = 300
+    batch_size: int = 8
     learning_rate: float = 2e-3
-    warmup_steps: int = 100
+    warmup_steps: int = 30
     seed: int = 0
 
 
@@ -77,20 +98,13 @@ def pretrain(output_dir: Path, settings: PretrainingSettings, command: str | Non
     scratch = tempfile.TemporaryDirectory(prefix="hf_recurrence_pretrain_")
     trainer = Trainer(
         model=model,
-        args=TrainingArguments(
-            output_dir=scratch.name,
+        args=short_run_arguments(
+            scratch.name,
             max_steps=settings.max_steps,
-            per_device_train_batch_size=settings.batch_size,
-            per_device_eval_batch_size=settings.batch_size,
+            batch_size=settings.batch_size,
             learning_rate=settings.learning_rate,
-            lr_scheduler_type="cosine",
             warmup_steps=settings.warmup_steps,
-            weight_decay=0.01,
-            logging_steps=50,
-            save_strategy="no",
-            report_to="none",
             seed=settings.seed,
-            disable_tqdm=False,
         ),
         train_dataset=train_blocks,
         eval_dataset=validation_blocks,

@@ -1,5 +1,6 @@
 """Perplexity of a causal language model over long documents read window by window (Yoshida et al. 2020, §4.2)."""
 
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -86,7 +87,7 @@ def windowed_perplexity(
     last `overlap` tokens of the window before (the paper's overlapped execution, §4.2).
 
     Every token but a document's first is predicted exactly once, from the window in which its predicting position
-    is new (see [`window_schedule`]). A stock causal LM runs each window from scratch, several windows per forward.
+    is new (see [`window_schedule`]). A stock causal LM runs each window from scratch, several windows (of any documents) per forward.
     A recurrent model (`config.model_type` in `RECURRENT_MODEL_TYPES`) runs its own schedule with its state carried
     through the document, so the result equals its own loss over the document; it must be evaluated with the
     overlap it was trained with (`config.window_overlap`). A `window_size` other than its `config.window_size` is
@@ -112,7 +113,7 @@ def windowed_perplexity(
     config = model.config
     recurrent = config.model_type in RECURRENT_MODEL_TYPES
     window_size, overlap = _resolve_schedule(config, window_size, overlap, recurrent)
-    device = model.device
+    documents = [doc.to(model.device) for doc in documents]
 
     total_nll = 0.0
     num_tokens = sum(len(doc) - 1 for doc in documents)
@@ -123,11 +124,9 @@ def windowed_perplexity(
             documents = sorted(documents, key=len, reverse=True)
             with _window_size_override(config, window_size):
                 for first in range(0, len(documents), batch_size):
-                    batch = [doc.to(device) for doc in documents[first : first + batch_size]]
-                    total_nll += _recurrent_nll(model, batch, progress)
+                    total_nll += _recurrent_nll(model, documents[first : first + batch_size], progress)
         else:
-            for doc in documents:
-                total_nll += _stock_nll(model, doc.to(device), window_size, overlap, batch_size, progress)
+            total_nll += _stock_nll(model, documents, window_size, overlap, batch_size, progress)
 
     nll = total_nll / num_tokens
     # The analytic count covers GPT-2-shaped blocks only.
@@ -234,20 +233,26 @@ def _summed_nll(logits: torch.Tensor, targets: torch.Tensor) -> float:
 
 
 def _stock_nll(
-    model: PreTrainedModel, doc: torch.Tensor, window_size: int, overlap: int, batch_size: int, progress: tqdm
+    model: PreTrainedModel,
+    documents: list[torch.Tensor],
+    window_size: int,
+    overlap: int,
+    batch_size: int,
+    progress: tqdm,
 ) -> float:
-    """Summed NLL of one document, each window run from scratch; windows of equal length share a forward."""
-    windows = window_schedule(len(doc), window_size, overlap)
+    """Summed NLL of documents, each window run from scratch; windows of equal length, from any document, share a
+    forward (all full windows, then the documents' shorter last windows by length) rather than being padded."""
+    windows = [(doc, *window) for doc in documents for window in window_schedule(len(doc), window_size, overlap)]
+    windows.sort(key=lambda window: window[2] - window[1], reverse=True)
     total = 0.0
-    for first in range(0, len(windows), batch_size):
-        batch = windows[first : first + batch_size]
-        # Only the document's last window can be shorter; run it on its own rather than pad.
-        groups = [batch] if batch[-1][1] - batch[-1][0] == batch[0][1] - batch[0][0] else [batch[:-1], batch[-1:]]
-        for group in filter(None, groups):
-            ids = torch.stack([doc[start:end] for start, end, _ in group])  # (windows, length)
+    for _, same_length in itertools.groupby(windows, key=lambda window: window[2] - window[1]):
+        same_length = list(same_length)
+        for first in range(0, len(same_length), batch_size):
+            batch = same_length[first : first + batch_size]
+            ids = torch.stack([doc[start:end] for doc, start, end, _ in batch])  # (windows, length)
             # An explicit all-ones mask: the ids may contain the pad token, which is real text here.
             logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-            for row, (start, end, new) in enumerate(group):
+            for row, (doc, start, end, new) in enumerate(batch):
                 # Positions new..end-1 predict tokens new+1..end; the document's last position predicts nothing.
                 stop = min(end, len(doc) - 1)
                 total += _summed_nll(logits[row, new - start : stop - start], doc[new + 1 : stop + 1])
