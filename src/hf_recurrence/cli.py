@@ -8,6 +8,7 @@ from collections.abc import Sequence
 # command -> (module implementing `add_arguments(parser)` and `run(args) -> int`, one-line help)
 COMMANDS = {
     "convert": ("hf_recurrence.commands.convert", "Convert a GPT-2 checkpoint into a recurrent GPT-2."),
+    "evaluate": ("hf_recurrence.commands.evaluate", "Windowed perplexity and FLOPs/token of models over overlaps."),
     "generate": ("hf_recurrence.commands.generate", "Generate text with a (recurrent) causal LM."),
     "reproduce": ("hf_recurrence.commands.reproduce", "Reproduce the recurrence paper's comparison (the main job)."),
     "pretrain": ("hf_recurrence.commands.pretrain", "Pretrain the small GPT-2 that serves as the embedded default."),
