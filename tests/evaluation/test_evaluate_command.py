@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hf_recurrence import RecurrentGPT2LMHeadModel
+from hf_recurrence import RecurrentGPT2LMHeadModel, cli
 from hf_recurrence.commands import evaluate as evaluate_command
 from hf_recurrence.evaluation import windowed_perplexity
 
@@ -65,10 +65,10 @@ def test_grid_over_text_files(saved_models, tmp_path, capsys):
     assert "evaluated at its overlap 2 only" in printed
 
 
-def test_standard_library_test_split(saved_models, tmp_path):
+def test_standard_library_test_split_through_the_cli(saved_models, tmp_path):
     root, _, _ = saved_models
     argv = [str(root / "baseline"), "--windows", "16", "--corpus", "python-stdlib-test", "--max-documents", "1"]
-    assert evaluate_command.run(parse([*argv, "--output-dir", str(tmp_path)])) == 0
+    assert cli.main(["evaluate", *argv, "--output-dir", str(tmp_path)]) == 0
     (row,) = json.loads((tmp_path / "results.json").read_text())
     assert row["num_documents"] == 1 and row["num_tokens"] > 100 and row["overlap"] == 0
 
