@@ -59,6 +59,22 @@ def test_stock_model_equals_reference_loop(gpt2, window, overlap):
     assert result.perplexity == pytest.approx(math.exp(total / count), rel=1e-5)
 
 
+class FullLogitsGPT2(GPT2LMHeadModel):
+    """A causal LM whose forward has no `logits_to_keep`: the evaluation slices the new positions itself."""
+
+    def forward(self, input_ids, attention_mask=None, use_cache=None):
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache)
+
+
+def test_model_without_logits_to_keep_equals_reference_loop(gpt2):
+    model = FullLogitsGPT2(gpt2.config).eval()
+    model.load_state_dict(gpt2.state_dict())
+    documents = [torch.randint(0, 99, (length,)) for length in (45, 9)]
+    result = windowed_perplexity(model, documents, 16, 5, show_progress=False)
+    expected = [reference_nll(gpt2, doc, 16, 5) for doc in documents]
+    assert result.nll == pytest.approx(sum(t for t, _ in expected) / sum(c for _, c in expected), rel=1e-5)
+
+
 def test_any_causal_lm_works_without_a_flops_count():
     torch.manual_seed(0)
     config = LlamaConfig(

@@ -1,5 +1,6 @@
 """Perplexity of a causal language model over long documents read window by window (Yoshida et al. 2020, §4.2)."""
 
+import inspect
 import itertools
 import math
 from collections.abc import Iterator, Sequence
@@ -240,22 +241,34 @@ def _stock_nll(
     batch_size: int,
     progress: tqdm,
 ) -> float:
-    """Summed NLL of documents, each window run from scratch; windows of equal length, from any document, share a
-    forward (all full windows, then the documents' shorter last windows by length) rather than being padded."""
+    """Summed NLL of documents, each window run from scratch.
+
+    Windows with the same length and number of new positions, from any document, share a forward instead of being
+    padded: the full windows, the documents' first windows, then their shorter last windows. Where the model takes
+    `logits_to_keep`, the LM head runs on the new positions only.
+    """
+    keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
     windows = [(doc, *window) for doc in documents for window in window_schedule(len(doc), window_size, overlap)]
-    windows.sort(key=lambda window: window[2] - window[1], reverse=True)
+
+    def shape(window):
+        _, start, end, new = window
+        return end - start, end - new
+
+    windows.sort(key=shape, reverse=True)
     total = 0.0
-    for _, same_length in itertools.groupby(windows, key=lambda window: window[2] - window[1]):
-        same_length = list(same_length)
-        for first in range(0, len(same_length), batch_size):
-            batch = same_length[first : first + batch_size]
+    for (_, num_new), same_shape in itertools.groupby(windows, key=shape):
+        same_shape = list(same_shape)
+        extra = {"logits_to_keep": num_new} if keeps_logits else {}
+        for first in range(0, len(same_shape), batch_size):
+            batch = same_shape[first : first + batch_size]
             ids = torch.stack([doc[start:end] for doc, start, end, _ in batch])  # (windows, length)
             # An explicit all-ones mask: the ids may contain the pad token, which is real text here.
-            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-            for row, (doc, start, end, new) in enumerate(batch):
-                # Positions new..end-1 predict tokens new+1..end; the document's last position predicts nothing.
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **extra)
+            logits = out.logits[:, -num_new:]  # (windows, new, vocab): positions new..end-1
+            for row, (doc, _, end, new) in enumerate(batch):
+                # Position p predicts token p + 1; the document's last position predicts nothing.
                 stop = min(end, len(doc) - 1)
-                total += _summed_nll(logits[row, new - start : stop - start], doc[new + 1 : stop + 1])
+                total += _summed_nll(logits[row, : stop - new], doc[new + 1 : stop + 1])
                 progress.update(stop - new)
     return total
 
