@@ -10,7 +10,7 @@ from hf_recurrence import RecurrentGPT2LMHeadModel
 from hf_recurrence.cli import COMMANDS, build_parser, main
 from hf_recurrence.commands.reproduce import PRESETS, settings_from_args
 from hf_recurrence.pretraining import default_model_path
-from hf_recurrence.reproduction import BlocksAsWindows, ReproductionSettings
+from hf_recurrence.reproduction import ReproductionSettings
 
 from .common import TINY_GPT2, stdlib_tokenizer
 
@@ -78,13 +78,6 @@ def test_reproduction_settings_name_bad_values():
         ReproductionSettings(baseline_overlap_fractions=[0.0, 1.0])
     with pytest.raises(ValueError, match=r"window_sizes.*\[512\]"):
         ReproductionSettings(window_sizes=[64, 512], block_tokens=256)
-
-
-def test_baseline_collator_cuts_blocks_into_windows_in_order():
-    blocks = [{"input_ids": torch.arange(12)}, {"input_ids": torch.arange(12, 24)}]
-    batch = BlocksAsWindows(window_size=4)(blocks)
-    assert batch["input_ids"].tolist() == torch.arange(24).view(6, 4).tolist()
-    assert batch["labels"] is batch["input_ids"]
 
 
 def test_embedded_default_model_is_a_gpt2_with_a_model_card():

@@ -33,9 +33,7 @@ import logging
 import math
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import torch
 import transformers
 from torch.utils.data import Dataset, Subset
 from transformers import (
@@ -53,7 +51,7 @@ from transformers import (
 from transformers.utils.versions import require_version
 
 from hf_recurrence import RecurrentGPT2LMHeadModel
-from hf_recurrence.data import TokenBlocks, stdlib_split, token_stream
+from hf_recurrence.data import TokenBlocks, WindowedBlocksCollator, read_documents, token_stream
 
 
 require_version("transformers>=5.23,<6", "hf_recurrence is tested with transformers 5.x from 5.23 on")
@@ -128,37 +126,6 @@ class DataTrainingArguments:
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only the first N evaluation blocks."})
 
 
-@dataclass
-class WindowedBlocksCollator:
-    """Collates blocks for the baseline: each block is cut into its windows, read as independent examples.
-
-    Window k covers tokens [k * stride, k * stride + window_size) of its block; the overlap it re-reads is context
-    only, so every token of the block but the first is predicted once (when `window_overlap` is 0, the first token of
-    each window is not predicted either: it has no context).
-    """
-
-    window_size: int
-    window_overlap: int
-
-    def __call__(self, examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        blocks = torch.stack([example["input_ids"] for example in examples])  # (batch, block_size)
-        stride = self.window_size - self.window_overlap
-        windows = blocks.unfold(1, self.window_size, stride)  # (batch, windows_per_block, window_size)
-        labels = windows.clone()
-        labels[:, 1:, : self.window_overlap] = -100
-        return {
-            "input_ids": windows.reshape(-1, self.window_size),  # (batch * windows_per_block, window_size)
-            "labels": labels.reshape(-1, self.window_size),
-        }
-
-
-def read_documents(files: list[str] | None, split: str) -> list[str]:
-    """The given text files, one document each, or the standard library modules of `split`."""
-    if files is None:
-        return [text for _, text in stdlib_split(split)]
-    return [Path(file).read_text(encoding="utf-8") for file in files]
-
-
 def load_model(model_args: ModelArguments) -> PreTrainedModel:
     """The model to train: a GPT-2 for the baseline, else a recurrent GPT-2 with the recurrence settings given."""
     overrides = {
@@ -223,7 +190,7 @@ def load_blocks(
     files: list[str] | None, split: str, tokenizer: PreTrainedTokenizerBase, block_size: int, max_samples: int | None
 ) -> Dataset:
     """The documents of `split` as consecutive `block_size`-token blocks, the first `max_samples` of them if given."""
-    blocks = TokenBlocks(token_stream(read_documents(files, split), tokenizer), block_size)
+    blocks = TokenBlocks(token_stream((text for _, text in read_documents(files, split)), tokenizer), block_size)
     logger.info(f"{split}: {len(blocks)} blocks of {block_size} tokens, {blocks.num_dropped_tokens} tokens left over")
     return blocks if max_samples is None else Subset(blocks, range(min(max_samples, len(blocks))))
 

@@ -1,8 +1,17 @@
 """The standard library split by file and the fixed-length token blocks cut from it."""
 
 import pytest
+import torch
 
-from hf_recurrence.data import STDLIB_SPLITS, TokenBlocks, python_stdlib_files, stdlib_split, token_stream
+from hf_recurrence.data import (
+    STDLIB_SPLITS,
+    TokenBlocks,
+    WindowedBlocksCollator,
+    python_stdlib_files,
+    read_documents,
+    stdlib_split,
+    token_stream,
+)
 
 from ..common import stdlib_tokenizer
 
@@ -32,3 +41,17 @@ def test_blocks_keep_the_stream_in_order_and_count_what_they_drop():
     assert blocks[1]["input_ids"].tolist() == blocks[1]["labels"].tolist() == stream[4:8]
     with pytest.raises(ValueError, match="shorter than one block"):
         TokenBlocks(stream, block_size=len(stream) + 1)
+
+
+def test_baseline_collator_cuts_blocks_into_windows_in_order():
+    blocks = [{"input_ids": torch.arange(12)}, {"input_ids": torch.arange(12, 24)}]
+    batch = WindowedBlocksCollator(window_size=4)(blocks)
+    assert batch["input_ids"].tolist() == torch.arange(24).view(6, 4).tolist()
+    assert torch.equal(batch["labels"], batch["input_ids"])
+
+
+def test_read_documents_prefers_files(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("real text")
+    assert read_documents([path], "test") == [("notes.txt", "real text")]
+    assert read_documents(None, "test") == stdlib_split("test")

@@ -45,7 +45,7 @@ def test_grid_over_text_files(saved_models, tmp_path, capsys):
         files[-1].write_text(text)
     argv = [str(root / "baseline"), str(root / "recurrent"), "--windows", "8", "16", "--overlaps", "0", "2"]
     out = tmp_path / "out"
-    assert evaluate_command.run(parse([*argv, "--text-file", *map(str, files), "--output-dir", str(out)])) == 0
+    assert evaluate_command.run(parse([*argv, "--text_file", *map(str, files), "--output_dir", str(out)])) == 0
 
     rows = json.loads((out / "results.json").read_text())
     grid = [(row["model"], row["window_size"], row["overlap"]) for row in rows]
@@ -67,8 +67,8 @@ def test_grid_over_text_files(saved_models, tmp_path, capsys):
 
 def test_standard_library_test_split_through_the_cli(saved_models, tmp_path):
     root, _, _ = saved_models
-    argv = [str(root / "baseline"), "--windows", "16", "--corpus", "python-stdlib-test", "--max-documents", "1"]
-    assert cli.main(["evaluate", *argv, "--output-dir", str(tmp_path)]) == 0
+    argv = [str(root / "baseline"), "--windows", "16", "--corpus", "python-stdlib-test", "--max_documents", "1"]
+    assert cli.main(["evaluate", *argv, "--output_dir", str(tmp_path)]) == 0
     (row,) = json.loads((tmp_path / "results.json").read_text())
     assert row["num_documents"] == 1 and row["num_tokens"] > 100 and row["overlap"] == 0
 
@@ -76,4 +76,4 @@ def test_standard_library_test_split_through_the_cli(saved_models, tmp_path):
 def test_text_file_and_corpus_are_exclusive(saved_models, tmp_path):
     root, _, _ = saved_models
     with pytest.raises(SystemExit):
-        parse([str(root / "baseline"), "--text-file", "a.txt", "--corpus", "python-stdlib-test", "--output-dir", "o"])
+        parse([str(root / "baseline"), "--text_file", "a.txt", "--corpus", "python-stdlib-test", "--output_dir", "o"])

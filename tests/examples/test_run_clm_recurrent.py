@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from hf_recurrence import RecurrentGPT2LMHeadModel
-from hf_recurrence.data import TokenBlocks, token_stream
+from hf_recurrence.data import TokenBlocks, WindowedBlocksCollator, token_stream
 
 from ..common import REPO_ROOT, SRC_ROOT, TINY_GPT2, stdlib_tokenizer
 
@@ -115,7 +115,7 @@ def test_plain_run_trains_and_saves(four_steps, gpt2_dir):
 
 @pytest.mark.slow
 def test_baseline_collator_cuts_blocks_into_the_recurrent_windows():
-    collator = load_script().WindowedBlocksCollator(window_size=8, window_overlap=2)
+    collator = WindowedBlocksCollator(window_size=8, window_overlap=2)
     blocks = torch.arange(2 * BLOCK_SIZE).view(2, BLOCK_SIZE)
     batch = collator([{"input_ids": block, "labels": block} for block in blocks])
     assert batch["input_ids"].shape == (2 * 3, 8)

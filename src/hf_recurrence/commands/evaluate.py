@@ -4,11 +4,11 @@ Each document is read in windows of T tokens that repeat the last o tokens of th
 the first is predicted once. Stock models run every (window, overlap) pair of the grid. Recurrent models run their
 own schedule and only at the overlap they were trained with (config.window_overlap): other overlaps of the grid are
 skipped for them, with a note. Prints a Markdown table and writes results.json, results.md and
-perplexity_vs_flops.png to --output-dir.
+perplexity_vs_flops.png to --output_dir.
 
 Example:
     hf-recurrence evaluate ./baseline ./recurrent --windows 64 128 --overlaps 0 16 32 \\
-        --corpus python-stdlib-test --output-dir eval_out
+        --corpus python-stdlib-test --output_dir eval_out
 """
 
 import argparse
@@ -38,12 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Overlaps o in tokens (default: 0 for stock models, the trained overlap for recurrent ones).",
     )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--text-file", nargs="+", type=Path, help="UTF-8 text files, one document each.")
+    source.add_argument("--text_file", nargs="+", type=Path, help="UTF-8 text files, one document each.")
     source.add_argument("--corpus", choices=sorted(CORPORA), help="Standard library modules of a split, by file.")
-    parser.add_argument("--max-documents", type=int, default=None, help="Evaluate only the first N documents.")
+    parser.add_argument("--max_documents", type=int, default=None, help="Evaluate only the first N documents.")
     parser.add_argument("--tokenizer", default=None, help="Tokenizer folder (default: the first model's folder).")
-    parser.add_argument("--batch-size", type=int, default=8, help="Windows per forward for stock models.")
-    parser.add_argument("--output-dir", type=Path, required=True, help="Where results and the plot are written.")
+    parser.add_argument("--batch_size", type=int, default=8, help="Windows per forward for stock models.")
+    parser.add_argument("--output_dir", type=Path, required=True, help="Where results and the plot are written.")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,7 +87,7 @@ def read_texts(args: argparse.Namespace) -> list[str]:
         texts = [text for _, text in stdlib_split(CORPORA[args.corpus])]
     if args.max_documents is not None:
         if args.max_documents < 1:
-            raise ValueError(f"--max-documents must be at least 1, got {args.max_documents}")
+            raise ValueError(f"--max_documents must be at least 1, got {args.max_documents}")
         texts = texts[: args.max_documents]
     return texts
 

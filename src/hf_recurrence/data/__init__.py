@@ -1,11 +1,12 @@
 """Corpora read from the machine and offline tokenizers."""
 
-from .blocks import TokenBlocks, token_stream
+from .blocks import TokenBlocks, WindowedBlocksCollator, token_stream
 from .corpora import (
     STDLIB_SPLITS,
     python_stdlib_documents,
     python_stdlib_files,
     python_stdlib_root,
+    read_documents,
     stdlib_split,
     stdlib_split_of,
 )
@@ -16,9 +17,11 @@ __all__ = [
     "END_OF_TEXT",
     "STDLIB_SPLITS",
     "TokenBlocks",
+    "WindowedBlocksCollator",
     "python_stdlib_documents",
     "python_stdlib_files",
     "python_stdlib_root",
+    "read_documents",
     "stdlib_split",
     "stdlib_split_of",
     "token_stream",

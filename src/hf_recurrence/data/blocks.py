@@ -1,6 +1,7 @@
 """Token streams cut into fixed-length training blocks."""
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 from torch.utils.data import Dataset
@@ -39,3 +40,28 @@ class TokenBlocks(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return {"input_ids": self.blocks[i], "labels": self.blocks[i]}
+
+
+@dataclass
+class WindowedBlocksCollator:
+    """Collates blocks for a plain (non-recurrent) baseline: each block is cut into its windows, read independently.
+
+    Window k covers tokens `[k * stride, k * stride + window_size)` of its block, `stride = window_size -
+    window_overlap`; the overlap it re-reads is context only (label -100), so the baseline predicts the same tokens a
+    recurrent model reading the block predicts, on the same tokens in the same order, but without any context across
+    window boundaries.
+    """
+
+    window_size: int
+    window_overlap: int = 0
+
+    def __call__(self, examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        blocks = torch.stack([example["input_ids"] for example in examples])  # (batch, block_size)
+        stride = self.window_size - self.window_overlap
+        windows = blocks.unfold(1, self.window_size, stride)  # (batch, windows_per_block, window_size)
+        labels = windows.clone()
+        labels[:, 1:, : self.window_overlap] = -100
+        return {
+            "input_ids": windows.reshape(-1, self.window_size),  # (batch * windows_per_block, window_size)
+            "labels": labels.reshape(-1, self.window_size),
+        }

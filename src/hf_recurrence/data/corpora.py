@@ -2,7 +2,7 @@
 
 import sysconfig
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 
@@ -48,3 +48,10 @@ def stdlib_split(split: str, min_chars: int = 1) -> list[tuple[str, str]]:
     if split not in STDLIB_SPLITS:
         raise ValueError(f"split must be one of {STDLIB_SPLITS}, got split={split!r}")
     return [(name, text) for name, text in python_stdlib_documents(min_chars) if stdlib_split_of(name) == split]
+
+
+def read_documents(files: Sequence[str | Path] | None, split: str) -> list[tuple[str, str]]:
+    """`(name, text)` of the given UTF-8 text files, one document each, or else of the stdlib modules of `split`."""
+    if files:
+        return [(Path(f).name, Path(f).read_text(encoding="utf-8")) for f in files]
+    return stdlib_split(split)
