@@ -1,20 +1,18 @@
 """The `hf-recurrence` command line."""
 
 import argparse
+import importlib
 from collections.abc import Sequence
 
-from . import demo
-from .commands import push
 
-
-# name -> (module with `add_arguments(parser)`, `run(args) -> int` and a docstring, one-line help, help formatter)
+# command -> (module implementing `add_arguments(parser)` and `run(args) -> int`, one-line help)
 COMMANDS = {
-    "demo": (
-        demo,
-        "Offline demo: convert a small GPT-2 into a recurrent one, train it on real text, generate.",
-        argparse.ArgumentDefaultsHelpFormatter,
-    ),
-    "push": (push, "Upload a saved model folder to the Hub with a model card.", argparse.RawDescriptionHelpFormatter),
+    "convert": ("hf_recurrence.commands.convert", "Convert a GPT-2 checkpoint into a recurrent GPT-2."),
+    "evaluate": ("hf_recurrence.commands.evaluate", "Windowed perplexity and FLOPs/token of models over overlaps."),
+    "generate": ("hf_recurrence.commands.generate", "Generate text with a (recurrent) causal LM."),
+    "push": ("hf_recurrence.commands.push", "Upload a saved model folder to the Hub with a model card."),
+    "reproduce": ("hf_recurrence.commands.reproduce", "Reproduce the recurrence paper's comparison (the main job)."),
+    "pretrain": ("hf_recurrence.commands.pretrain", "Pretrain the small GPT-2 that serves as the embedded default."),
 }
 
 
@@ -24,20 +22,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Recurrence across windows of text for Hugging Face transformers models.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (module, summary, formatter_class) in COMMANDS.items():
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
         module.add_arguments(
-            commands.add_parser(name, help=summary, description=module.__doc__, formatter_class=formatter_class)
+            commands.add_parser(
+                name,
+                help=help_text,
+                description=module.__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+            )
         )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "demo":
-        # The demo returns its metrics to Python callers; on the command line it succeeded if it returned.
-        demo.run(args)
-        return 0
-    return COMMANDS[args.command][0].run(args)
+    module = importlib.import_module(COMMANDS[args.command][0])
+    return module.run(args)
 
 
 if __name__ == "__main__":

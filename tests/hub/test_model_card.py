@@ -133,7 +133,7 @@ def test_cli_push_of_a_saved_folder(tmp_path, capsys):
     stdlib_tokenizer().save_pretrained(tmp_path)
     before = sorted(path.name for path in tmp_path.iterdir())
     repo_id = "alice/cli-pushed"
-    argv = ["push", str(tmp_path), repo_id, "--revision", "v1", "--private", "--commit-message", "From the CLI"]
+    argv = ["push", str(tmp_path), repo_id, "--revision", "v1", "--private", "--commit_message", "From the CLI"]
     assert main(argv) == 0
     assert f"to {repo_id} at commit" in capsys.readouterr().out
 

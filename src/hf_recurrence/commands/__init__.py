@@ -1,1 +1,1 @@
-"""Subcommands of the `hf-recurrence` command line, one module each with `add_arguments(parser)` and `run(args)`."""
+"""Subcommands of the `hf-recurrence` command line: each module has `add_arguments(parser)` and `run(args)`."""

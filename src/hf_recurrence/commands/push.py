@@ -15,8 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--revision", help="Branch to commit to, created from main if missing (default: main).")
     parser.add_argument("--private", action="store_true", help="Create the repo as private.")
     parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login).")
-    parser.add_argument("--commit-message", default=DEFAULT_COMMIT_MESSAGE, help="Commit message.")
-    parser.add_argument("--base-model", help="Hub checkpoint this one was converted from, for the model card.")
+    parser.add_argument("--commit_message", default=DEFAULT_COMMIT_MESSAGE, help="Commit message.")
+    parser.add_argument("--base_model", help="Hub checkpoint this one was converted from, for the model card.")
 
 
 def run(args: argparse.Namespace) -> int:

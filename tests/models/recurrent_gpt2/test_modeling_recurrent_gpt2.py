@@ -238,6 +238,14 @@ class TestGPT2Compatibility:
         with pytest.raises(ValueError, match="window_size=32 exceeds n_positions=16"):
             RecurrentGPT2LMHeadModel.from_pretrained(tmp_path, window_size=32)
 
+    def test_gpt2_config_converted_without_a_window_gets_the_whole_position_table(self, tmp_path):
+        # PEFT and AutoConfig reload a converted model's base config this way, with no recurrence settings.
+        GPT2Config(**TINY_GPT2).save_pretrained(tmp_path)
+        config = RecurrentGPT2Config.from_pretrained(tmp_path, insertion_layer=1)
+        assert config.window_size == TINY_GPT2["n_positions"] == 16
+        large = GPT2Config(**{**TINY_GPT2, "n_positions": 1024}).to_dict()
+        assert RecurrentGPT2Config.from_dict(large, insertion_layer=1).window_size == 300
+
 
 def _window_token_sets(model, windows, per_window=8):
     """Input whose windows use disjoint token ranges, so a token's embedding gradient says which window it came from."""

@@ -35,7 +35,8 @@ class RecurrentGPT2Config(GPT2Config):
 
     Args:
         window_size (`int`, *optional*, defaults to 300):
-            Tokens per window (the paper's T). At most `n_positions`.
+            Tokens per window (the paper's T). At most `n_positions`. A GPT-2 config converted without one gets
+            `min(300, n_positions)`.
         window_overlap (`int`, *optional*, defaults to 0):
             Tokens each window repeats from the previous one (the paper's overlap, §4.2). Must be smaller than
             `window_size`. A model must be evaluated with the overlap it was trained with.
@@ -105,6 +106,10 @@ class RecurrentGPT2Config(GPT2Config):
         for name in ("window_size", "window_overlap", "insertion_layer", "recurrence_hidden_sizes", "bptt_windows"):
             if name in kwargs:
                 config_dict[name] = kwargs.pop(name)
+        if "window_size" not in config_dict and "n_positions" in config_dict:
+            # A GPT-2 config converted without a window: the paper's 300 tokens, or the whole position table if that
+            # is shorter (PEFT and AutoConfig reload a converted model's base config exactly this way).
+            config_dict["window_size"] = min(cls.window_size, config_dict["n_positions"])
         return super().from_dict(config_dict, **kwargs)
 
     def validate_recurrence_settings(self):

@@ -1,0 +1,114 @@
+"""Evaluate causal LMs with windowed perplexity (Yoshida et al. 2020, §4.2) over a grid of window sizes and overlaps.
+
+Each document is read in windows of T tokens that repeat the last o tokens of the window before; every token but
+the first is predicted once. Stock models run every (window, overlap) pair of the grid. Recurrent models run their
+own schedule and only at the overlap they were trained with (config.window_overlap): other overlaps of the grid are
+skipped for them, with a note. Prints a Markdown table and writes results.json, results.md and
+perplexity_vs_flops.png to --output_dir.
+
+Example:
+    hf-recurrence evaluate ./baseline ./recurrent --windows 64 128 --overlaps 0 16 32 \\
+        --corpus python-stdlib-test --output_dir eval_out
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from ..data import stdlib_split
+from ..evaluation import RECURRENT_MODEL_TYPES, format_table, plot_perplexity_vs_flops, windowed_perplexity
+
+
+# --corpus choice -> split of the standard library documents (hf_recurrence.data.stdlib_split)
+CORPORA = {f"python-stdlib-{split}": split for split in ("train", "validation", "test")}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("models", nargs="+", metavar="MODEL", help="Local model folders (each with its tokenizer).")
+    parser.add_argument(
+        "--windows", type=int, nargs="+", default=None, help="Window sizes T (default: each model's own)."
+    )
+    parser.add_argument(
+        "--overlaps",
+        type=int,
+        nargs="+",
+        default=None,
+        help="Overlaps o in tokens (default: 0 for stock models, the trained overlap for recurrent ones).",
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text_file", nargs="+", type=Path, help="UTF-8 text files, one document each.")
+    source.add_argument("--corpus", choices=sorted(CORPORA), help="Standard library modules of a split, by file.")
+    parser.add_argument("--max_documents", type=int, default=None, help="Evaluate only the first N documents.")
+    parser.add_argument("--tokenizer", default=None, help="Tokenizer folder (default: the first model's folder).")
+    parser.add_argument("--batch_size", type=int, default=8, help="Windows per forward for stock models.")
+    parser.add_argument("--output_dir", type=Path, required=True, help="Where results and the plot are written.")
+
+
+def run(args: argparse.Namespace) -> int:
+    texts = read_texts(args)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.models[0])
+    encoded = [(tokenizer(text, add_special_tokens=False)["input_ids"], text) for text in texts]
+    # A document of fewer than two tokens has nothing to predict.
+    encoded = [(ids, text) for ids, text in encoded if len(ids) >= 2]
+    if not encoded:
+        raise ValueError(f"No document of at least 2 tokens among the {len(texts)} read")
+    documents, texts = [ids for ids, _ in encoded], [text for _, text in encoded]
+    print(f"{len(documents)} documents, {sum(map(len, documents)):,} tokens")
+
+    rows = []
+    for path in args.models:
+        model = AutoModelForCausalLM.from_pretrained(path)
+        for window_size, overlap in schedule_grid(model, args.windows, args.overlaps):
+            result = windowed_perplexity(
+                model, documents, window_size, overlap, text=texts, batch_size=args.batch_size
+            )
+            rows.append({"model": Path(path).name or path, "path": str(path), **result.to_dict()})
+        del model
+
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    table = format_table(rows)
+    (args.output_dir / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (args.output_dir / "results.md").write_text(table + "\n")
+    print(f"\n{table}\n")
+    # The analytic FLOPs count covers GPT-2-shaped models only; other models stay in the table but not the plot.
+    plottable = [row for row in rows if row["flops_per_token"] is not None]
+    if plottable:
+        plot_perplexity_vs_flops(plottable, args.output_dir / "perplexity_vs_flops.png")
+    print(f"Results in {args.output_dir}")
+    return 0
+
+
+def read_texts(args: argparse.Namespace) -> list[str]:
+    if args.text_file:
+        texts = [path.read_text(encoding="utf-8") for path in args.text_file]
+    else:
+        texts = [text for _, text in stdlib_split(CORPORA[args.corpus])]
+    if args.max_documents is not None:
+        if args.max_documents < 1:
+            raise ValueError(f"--max_documents must be at least 1, got {args.max_documents}")
+        texts = texts[: args.max_documents]
+    return texts
+
+
+def schedule_grid(
+    model: PreTrainedModel, windows: list[int] | None, overlaps: list[int] | None
+) -> list[tuple[int | None, int | None]]:
+    """The (window, overlap) pairs to evaluate `model` at; `None` leaves the choice to `windowed_perplexity`.
+
+    A recurrent model is evaluated only at its trained overlap, so other overlaps are dropped for it with a note.
+    """
+    config = model.config
+    windows = windows or [None]
+    if config.model_type in RECURRENT_MODEL_TYPES:
+        trained = config.window_overlap
+        if overlaps and trained not in overlaps:
+            print(
+                f"note: {config.name_or_path} is recurrent with window_overlap={trained}, not among --overlaps "
+                f"{overlaps}; evaluating it at its own overlap"
+            )
+        elif overlaps and len(overlaps) > 1:
+            print(f"note: {config.name_or_path} is recurrent: evaluated at its overlap {trained} only")
+        return [(window, trained) for window in windows]
+    return [(window, overlap) for window in windows for overlap in (overlaps or [None])]

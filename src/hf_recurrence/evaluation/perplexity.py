@@ -1,0 +1,295 @@
+"""Perplexity of a causal language model over long documents read window by window (Yoshida et al. 2020, §4.2)."""
+
+import inspect
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel
+from transformers.utils import logging
+
+from .flops import GPT2_MODEL_TYPES, check_schedule, flops_per_token
+
+
+logger = logging.get_logger(__name__)
+
+# Model types that read a long input in their own windows and carry a state across them.
+RECURRENT_MODEL_TYPES = ("recurrent_gpt2",)
+
+# Tokens fed to a recurrent model per call: bounds the (tokens, vocab) logits held at once.
+RECURRENT_CHUNK_TOKENS = 512
+
+
+@dataclass
+class WindowedPerplexity:
+    """Result of [`windowed_perplexity`], totals over all documents.
+
+    Args:
+        perplexity (`float`): `exp(nll)`.
+        nll (`float`): mean negative log-likelihood per predicted token, in nats.
+        num_tokens (`int`): predicted tokens (every token of every document but its first).
+        num_documents (`int`): documents evaluated.
+        window_size (`int`), overlap (`int`): the window schedule used.
+        flops_per_token (`float`, *optional*): forward FLOPs per predicted token from [`flops_per_token`]; `None`
+            for a model family the analytic count does not cover.
+        num_words (`int`, *optional*), word_perplexity (`float`, *optional*): `exp(nll * num_tokens / num_words)`,
+            the total negative log-likelihood normalised by words instead of tokens (the paper's WikiText numbers).
+    """
+
+    perplexity: float
+    nll: float
+    num_tokens: int
+    num_documents: int
+    window_size: int
+    overlap: int
+    flops_per_token: float | None = None
+    num_words: int | None = None
+    word_perplexity: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def window_schedule(num_tokens: int, window_size: int, overlap: int) -> list[tuple[int, int, int]]:
+    """The windows that predict every token of a `num_tokens`-token document but the first, as `(start, end, new)`.
+
+    Window `k` covers positions `[start, end) = [k·s, min(k·s + window_size, num_tokens))` with stride
+    `s = window_size - overlap`; its positions from `new` on (all of window 0's, the last `s` of the others) are new,
+    and position `p` predicts token `p + 1`. The last position predicts nothing, so no window is run for it alone.
+    """
+    stride = window_size - overlap
+    windows = []
+    start = 0
+    while True:
+        end = min(start + window_size, num_tokens)
+        windows.append((start, end, start + overlap if start else 0))
+        if end >= num_tokens - 1:
+            return windows
+        start += stride
+
+
+def windowed_perplexity(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor | Sequence[int] | Sequence[Sequence[int] | torch.Tensor],
+    window_size: int | None = None,
+    overlap: int | None = None,
+    *,
+    num_words: int | None = None,
+    text: str | Sequence[str] | None = None,
+    batch_size: int = 8,
+    show_progress: bool = True,
+) -> WindowedPerplexity:
+    """Perplexity of `model` over one or more documents, read in windows of `window_size` tokens that repeat the
+    last `overlap` tokens of the window before (the paper's overlapped execution, §4.2).
+
+    Every token but a document's first is predicted exactly once, from the window in which its predicting position
+    is new (see [`window_schedule`]). A stock causal LM runs each window from scratch, several windows (of any documents) per forward.
+    A recurrent model (`config.model_type` in `RECURRENT_MODEL_TYPES`) runs its own schedule with its state carried
+    through the document, so the result equals its own loss over the document; it must be evaluated with the
+    overlap it was trained with (`config.window_overlap`). A `window_size` other than its `config.window_size` is
+    allowed (the paper's window-size curves) and used for this call only, with a warning.
+
+    Args:
+        model: a causal language model returning `.logits`.
+        input_ids: one document (1-D tensor or list of ints) or several (list of those, or a 2-D tensor of rows),
+            each evaluated independently (a fresh state per document); totals are summed.
+        window_size: tokens per window. Defaults to `config.window_size` for a recurrent model and to the position
+            table size (`max_position_embeddings`) otherwise.
+        overlap: tokens each window repeats from the previous one. Defaults to `config.window_overlap` for a
+            recurrent model and to 0 otherwise.
+        num_words: word count of the documents, for `word_perplexity`.
+        text: the documents' text instead of `num_words`; words are whitespace-separated.
+        batch_size: windows per forward for a stock model; documents read side by side for a recurrent model.
+        show_progress: show a tqdm progress bar over the predicted tokens.
+    """
+    documents = _as_documents(input_ids)
+    num_words = _word_count(num_words, text)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got batch_size={batch_size!r}")
+    config = model.config
+    recurrent = config.model_type in RECURRENT_MODEL_TYPES
+    window_size, overlap = _resolve_schedule(config, window_size, overlap, recurrent)
+    documents = [doc.to(model.device) for doc in documents]
+
+    total_nll = 0.0
+    num_tokens = sum(len(doc) - 1 for doc in documents)
+    progress = tqdm(total=num_tokens, unit="tok", desc="windowed perplexity", disable=not show_progress)
+    with torch.no_grad(), _eval_mode(model), progress:
+        if recurrent:
+            # Longest first, so that documents batched together have similar lengths and little padding.
+            documents = sorted(documents, key=len, reverse=True)
+            with _window_size_override(config, window_size):
+                for first in range(0, len(documents), batch_size):
+                    total_nll += _recurrent_nll(model, documents[first : first + batch_size], progress)
+        else:
+            total_nll += _stock_nll(model, documents, window_size, overlap, batch_size, progress)
+
+    nll = total_nll / num_tokens
+    # The analytic count covers GPT-2-shaped blocks only.
+    flops = flops_per_token(config, window_size, overlap) if config.model_type in GPT2_MODEL_TYPES else None
+    return WindowedPerplexity(
+        perplexity=math.exp(nll),
+        nll=nll,
+        num_tokens=num_tokens,
+        num_documents=len(documents),
+        window_size=window_size,
+        overlap=overlap,
+        flops_per_token=flops,
+        num_words=num_words,
+        word_perplexity=math.exp(total_nll / num_words) if num_words else None,
+    )
+
+
+def _as_documents(input_ids) -> list[torch.Tensor]:
+    """Normalise the accepted input forms to a list of 1-D LongTensors of at least two tokens."""
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.dim() not in (1, 2):
+            raise ValueError(f"input_ids must be 1-D (one document) or 2-D (rows), got shape {tuple(input_ids.shape)}")
+        documents = [input_ids] if input_ids.dim() == 1 else list(input_ids)
+    elif len(input_ids) and isinstance(input_ids[0], torch.Tensor | Sequence):
+        documents = [torch.as_tensor(doc) for doc in input_ids]
+    else:
+        documents = [torch.as_tensor(input_ids)]
+    if not documents:
+        raise ValueError("input_ids holds no document")
+    for index, doc in enumerate(documents):
+        if doc.dim() != 1:
+            raise ValueError(f"document {index} must be 1-D token ids, got shape {tuple(doc.shape)}")
+        if len(doc) < 2:
+            raise ValueError(
+                f"document {index} has {len(doc)} token(s); at least 2 are needed to predict one (empty document?)"
+            )
+    return [doc.long() for doc in documents]
+
+
+def _word_count(num_words: int | None, text: str | Sequence[str] | None) -> int | None:
+    if num_words is not None and text is not None:
+        raise ValueError("Pass num_words or text, not both")
+    if text is not None:
+        num_words = sum(len(t.split()) for t in ([text] if isinstance(text, str) else text))
+    if num_words is not None and (isinstance(num_words, bool) or not isinstance(num_words, int) or num_words < 1):
+        raise ValueError(f"num_words must be a positive integer, got num_words={num_words!r}")
+    return num_words
+
+
+def _resolve_schedule(config, window_size: int | None, overlap: int | None, recurrent: bool) -> tuple[int, int]:
+    """Fill in the defaults and check `window_size` / `overlap` against the model; raise ValueError naming a bad one."""
+    if recurrent:
+        max_window = config.n_positions
+        window_size = config.window_size if window_size is None else window_size
+        if overlap is not None and overlap != config.window_overlap:
+            raise ValueError(
+                f"overlap={overlap} differs from the overlap this recurrent model was trained with "
+                f"(config.window_overlap={config.window_overlap}): its h_prev summarises the text up to the first "
+                "re-read token, so it must be evaluated with that overlap (paper §4.2)"
+            )
+        overlap = config.window_overlap
+    else:
+        max_window = getattr(config, "max_position_embeddings", None)
+        if window_size is None:
+            if max_window is None:
+                raise ValueError(f"window_size is required: {type(config).__name__} has no max_position_embeddings")
+            window_size = max_window
+        overlap = 0 if overlap is None else overlap
+    check_schedule(window_size, overlap)
+    if max_window is not None and window_size > max_window:
+        raise ValueError(f"window_size={window_size} exceeds the model's position table ({max_window} positions)")
+    if recurrent and window_size != config.window_size:
+        logger.warning(
+            f"Evaluating with window_size={window_size}; the model was configured (and presumably trained) with "
+            f"window_size={config.window_size}"
+        )
+    return window_size, overlap
+
+
+@contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+@contextmanager
+def _window_size_override(config, window_size: int) -> Iterator[None]:
+    """The recurrent model reads `config.window_size` on every call; set it for the evaluation and restore it."""
+    configured = config.window_size
+    config.window_size = window_size
+    try:
+        yield
+    finally:
+        config.window_size = configured
+
+
+def _summed_nll(logits: torch.Tensor, targets: torch.Tensor) -> float:
+    """Summed cross-entropy of (n, vocab) logits against (n,) targets, in float32."""
+    return nn.functional.cross_entropy(logits.float(), targets, reduction="sum").item()
+
+
+def _stock_nll(
+    model: PreTrainedModel,
+    documents: list[torch.Tensor],
+    window_size: int,
+    overlap: int,
+    batch_size: int,
+    progress: tqdm,
+) -> float:
+    """Summed NLL of documents, each window run from scratch.
+
+    Windows with the same length and number of new positions, from any document, share a forward instead of being
+    padded: the full windows, the documents' first windows, then their shorter last windows. Where the model takes
+    `logits_to_keep`, the LM head runs on the new positions only.
+    """
+    keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+    windows = [(doc, *window) for doc in documents for window in window_schedule(len(doc), window_size, overlap)]
+
+    def shape(window):
+        _, start, end, new = window
+        return end - start, end - new
+
+    windows.sort(key=shape, reverse=True)
+    total = 0.0
+    for (_, num_new), same_shape in itertools.groupby(windows, key=shape):
+        same_shape = list(same_shape)
+        extra = {"logits_to_keep": num_new} if keeps_logits else {}
+        for first in range(0, len(same_shape), batch_size):
+            batch = same_shape[first : first + batch_size]
+            ids = torch.stack([doc[start:end] for doc, start, end, _ in batch])  # (windows, length)
+            # An explicit all-ones mask: the ids may contain the pad token, which is real text here.
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **extra)
+            logits = out.logits[:, -num_new:]  # (windows, new, vocab): positions new..end-1
+            for row, (doc, _, end, new) in enumerate(batch):
+                # Position p predicts token p + 1; the document's last position predicts nothing.
+                stop = min(end, len(doc) - 1)
+                total += _summed_nll(logits[row, : stop - new], doc[new + 1 : stop + 1])
+                progress.update(stop - new)
+    return total
+
+
+def _recurrent_nll(model: PreTrainedModel, documents: list[torch.Tensor], progress: tqdm) -> float:
+    """Summed NLL of documents read side by side (right-padded, each row its own state) in chunks of columns.
+
+    The recurrent model skips padding exactly, so each row gets what it gets alone.
+    """
+    lengths = torch.tensor([len(doc) for doc in documents], device=documents[0].device)
+    ids = nn.utils.rnn.pad_sequence(documents, batch_first=True)  # (docs, longest)
+    real = torch.arange(ids.shape[1], device=ids.device)[None] < lengths[:, None]
+    # Position p predicts token p + 1 when that token is real text.
+    targets = nn.functional.pad(ids[:, 1:], (0, 1))
+    predicts = nn.functional.pad(real[:, 1:], (0, 1))
+    state = None
+    total = 0.0
+    for start in range(0, ids.shape[1], RECURRENT_CHUNK_TOKENS):
+        columns = slice(start, start + RECURRENT_CHUNK_TOKENS)
+        out = model(input_ids=ids[:, columns], attention_mask=real[:, columns].long(), past_key_values=state)
+        state = out.past_key_values
+        total += _summed_nll(out.logits[predicts[:, columns]], targets[:, columns][predicts[:, columns]])
+        progress.update(int(predicts[:, columns].sum()))
+    return total

@@ -1,0 +1,95 @@
+"""The paper's results table (Tables 1-2) and its perplexity-against-FLOPs plot (Figure 5) from evaluation rows.
+
+A row is a dict with at least `model` (a name) and the fields of `WindowedPerplexity.to_dict()`; other keys are
+ignored, so callers can add their own (training loss, tokens seen).
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+
+# (row key, column header, format) of the table, in order; word perplexity only where some row has it.
+TABLE_COLUMNS = (
+    ("model", "Model", "{}"),
+    ("window_size", "Window", "{}"),
+    ("overlap", "Overlap", "{}"),
+    ("perplexity", "Perplexity", "{:.2f}"),
+    ("word_perplexity", "Word perplexity", "{:.2f}"),
+    ("num_tokens", "Tokens", "{:,}"),
+    ("flops_per_token", "FLOPs/token", "{:.3g}"),
+)
+
+MARKERS = "osD^vP*X"
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """A Markdown table of `rows`, one line each in the given order (the paper's Tables 1-2 layout)."""
+    if not rows:
+        raise ValueError("format_table needs at least one row, got none")
+    columns = [
+        column
+        for column in TABLE_COLUMNS
+        if column[0] != "word_perplexity" or any(row.get("word_perplexity") is not None for row in rows)
+    ]
+    lines = [
+        "| " + " | ".join(header for _, header, _ in columns) + " |",
+        "| " + " | ".join("---" if key == "model" else "---:" for key, _, _ in columns) + " |",
+    ]
+    for row in rows:
+        cells = ["–" if row.get(key) is None else fmt.format(row[key]) for key, _, fmt in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_perplexity_vs_flops(rows: Sequence[dict], path: str | Path) -> Path:
+    """Plot perplexity against FLOPs per token (the paper's Figure 5) and save it to `path` (PNG, PDF, SVG...).
+
+    One colour and marker per model; within a model one line style per window size, through its overlaps in order of cost,
+    each point annotated with its overlap. Needs matplotlib (`pip install hf-recurrence[eval]`); no display is used.
+    """
+    # Imported here so that the rest of the evaluation package works without matplotlib installed.
+    from matplotlib.figure import Figure
+
+    if not rows:
+        raise ValueError("plot_perplexity_vs_flops needs at least one row, got none")
+    missing = [row.get("model") for row in rows if row.get("flops_per_token") is None]
+    if missing:
+        raise ValueError(f"Rows without flops_per_token cannot be plotted: models {sorted(set(map(str, missing)))}")
+    figure = Figure(figsize=(7, 4.5), layout="constrained")
+    axes = figure.subplots()
+    models = list(dict.fromkeys(row["model"] for row in rows))
+    for index, model in enumerate(models):
+        color, marker = f"C{index % 10}", MARKERS[index % len(MARKERS)]
+        windows = sorted({row["window_size"] for row in rows if row["model"] == model})
+        for window in windows:
+            points = sorted(
+                (row for row in rows if row["model"] == model and row["window_size"] == window),
+                key=lambda row: row["flops_per_token"],
+            )
+            label = model if len(windows) == 1 else f"{model}, window {window}"
+            axes.plot(
+                [p["flops_per_token"] for p in points],
+                [p["perplexity"] for p in points],
+                color=color,
+                marker=marker,
+                label=label,
+                linestyle=LINE_STYLES[windows.index(window) % len(LINE_STYLES)],
+            )
+            for point in points:
+                axes.annotate(
+                    f"o={point['overlap']}",
+                    (point["flops_per_token"], point["perplexity"]),
+                    textcoords="offset points",
+                    xytext=(4, 4),
+                    fontsize=7,
+                    color=color,
+                )
+    axes.set_xlabel("FLOPs per token")
+    axes.set_ylabel("Perplexity")
+    axes.set_title("Perplexity against evaluation cost (o = overlap in tokens)")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    path = Path(path)
+    figure.savefig(path, dpi=150)
+    return path

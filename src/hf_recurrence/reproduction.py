@@ -1,0 +1,177 @@
+"""The recurrence paper's comparison, end to end (Yoshida et al. 2020, §5, Tables 1-2, Figures 4-5).
+
+From one pretrained GPT-2, fine-tune a plain baseline and recurrent GPT-2s with the stock `Trainer` at equal steps on
+the same tokens, evaluate all of them on held-out documents with windowed perplexity at several overlaps and window
+sizes, and report perplexity against FLOPs per token as a table and a plot.
+"""
+
+import json
+import math
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from transformers import AutoTokenizer, GPT2LMHeadModel, PreTrainedModel, Trainer, set_seed
+
+from .data import TokenBlocks, WindowedBlocksCollator, read_documents, token_stream
+from .evaluation import format_table, plot_perplexity_vs_flops, windowed_perplexity
+from .models import RecurrentGPT2LMHeadModel
+from .pretraining import default_model_path, short_run_arguments
+
+
+@dataclass
+class ReproductionSettings:
+    """What `reproduce` trains and evaluates. Overlaps are fractions of the window, rounded to whole tokens."""
+
+    model_name_or_path: str | None = None  # None: the embedded default (`hf_recurrence/default_model`)
+    window_sizes: Sequence[int] = (32, 64)
+    baseline_overlap_fractions: Sequence[float] = (0.0, 0.125, 0.25, 0.5)
+    recurrent_overlap_fractions: Sequence[float] = (0.0,)
+    block_tokens: int = 256  # tokens per training example: a block of block_tokens // window_size windows
+    batch_size: int = 4  # blocks per step (the baseline gets the same blocks cut into windows)
+    max_steps: int = 150
+    learning_rate: float = 1e-3
+    warmup_steps: int = 20
+    eval_documents: int | None = None  # None: every held-out document
+    seed: int = 0
+    train_files: Sequence[str] = field(default_factory=tuple)  # text files instead of the stdlib train split
+    test_files: Sequence[str] = field(default_factory=tuple)  # text files instead of the stdlib test split
+
+    def __post_init__(self):
+        for name in ("baseline_overlap_fractions", "recurrent_overlap_fractions"):
+            bad = [f for f in getattr(self, name) if not 0 <= f < 1]
+            if bad:
+                raise ValueError(f"{name} must lie in [0, 1), got {bad}")
+        for name in ("block_tokens", "batch_size", "max_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {name}={getattr(self, name)}")
+        too_long = [t for t in self.window_sizes if t < 2 or t > self.block_tokens]
+        if too_long:
+            raise ValueError(f"window_sizes must lie in [2, block_tokens={self.block_tokens}], got {too_long}")
+
+
+def overlap_tokens(window_size: int, fraction: float) -> int:
+    return round(window_size * fraction)
+
+
+def fine_tune(model: PreTrainedModel, dataset, settings: ReproductionSettings, collator=None) -> float:
+    """Fine-tune with the stock Trainer; returns the final training loss."""
+    set_seed(settings.seed)
+    with tempfile.TemporaryDirectory(prefix="hf_recurrence_reproduce_") as scratch:
+        trainer = Trainer(
+            model=model,
+            args=short_run_arguments(
+                scratch,
+                max_steps=settings.max_steps,
+                batch_size=settings.batch_size,
+                learning_rate=settings.learning_rate,
+                warmup_steps=settings.warmup_steps,
+                seed=settings.seed,
+            ),
+            train_dataset=dataset,
+            data_collator=collator,
+        )
+        return trainer.train().training_loss
+
+
+def evaluate_row(model, documents, name: str, window_size: int, overlap: int, **extra) -> dict:
+    result = windowed_perplexity(model, documents, window_size, overlap)
+    row = {"model": name, **result.to_dict(), **extra}
+    print(f"  {name:<10} window {window_size:>4} overlap {overlap:>4}: perplexity {result.perplexity:.2f}")
+    return row
+
+
+def reproduce(settings: ReproductionSettings, output_dir: Path) -> list[dict]:
+    """Run the comparison; writes `results.json`, `results.md` and `perplexity_vs_flops.png` to `output_dir`."""
+    start = time.perf_counter()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    source = settings.model_name_or_path or str(default_model_path())
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    train_texts = [text for _, text in read_documents(settings.train_files, "train")]
+    test_docs = read_documents(settings.test_files, "test")[: settings.eval_documents]
+    stream = token_stream(train_texts, tokenizer)
+    test_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for _, text in test_docs]
+    print(
+        f"Model {source}; training stream {len(stream):,} tokens from {len(train_texts)} documents; held-out "
+        f"{sum(map(len, test_ids)):,} tokens in {len(test_docs)} documents ({', '.join(n for n, _ in test_docs)})"
+    )
+
+    rows = []
+    for window_size in settings.window_sizes:
+        windows_per_block = settings.block_tokens // window_size
+        print(f"[window {window_size}] blocks of {windows_per_block} windows, {settings.max_steps} steps per model")
+
+        baseline = GPT2LMHeadModel.from_pretrained(source)
+        blocks = TokenBlocks(stream, windows_per_block * window_size)
+        train_loss = fine_tune(baseline, blocks, settings, collator=WindowedBlocksCollator(window_size))
+        tokens = settings.max_steps * settings.batch_size * windows_per_block * window_size
+        for fraction in settings.baseline_overlap_fractions:
+            overlap = overlap_tokens(window_size, fraction)
+            rows.append(
+                evaluate_row(
+                    baseline, test_ids, "baseline", window_size, overlap, train_loss=train_loss, tokens=tokens
+                )
+            )
+        del baseline
+
+        for fraction in settings.recurrent_overlap_fractions:
+            overlap = overlap_tokens(window_size, fraction)
+            recurrent = RecurrentGPT2LMHeadModel.from_pretrained(
+                source, window_size=window_size, window_overlap=overlap
+            )
+            block_size = window_size + (windows_per_block - 1) * (window_size - overlap)
+            train_loss = fine_tune(recurrent, TokenBlocks(stream, block_size), settings)
+            tokens = settings.max_steps * settings.batch_size * block_size
+            rows.append(
+                evaluate_row(
+                    recurrent, test_ids, "recurrent", window_size, overlap, train_loss=train_loss, tokens=tokens
+                )
+            )
+            del recurrent
+
+    minutes = (time.perf_counter() - start) / 60
+    summary = findings(rows)
+    table = format_table(rows)
+    (output_dir / "results.json").write_text(
+        json.dumps({"settings": asdict(settings), "source": source, "minutes": minutes, "rows": rows}, indent=2)
+    )
+    (output_dir / "results.md").write_text(table + "\n\n" + "\n".join(f"- {line}" for line in summary) + "\n")
+    plot_perplexity_vs_flops(rows, output_dir / "perplexity_vs_flops.png")
+    print("\n" + table + "\n")
+    for line in summary:
+        print(line)
+    print(f"\n{minutes:.1f} minutes; results, table and plot in {output_dir}")
+    return rows
+
+
+def findings(rows: list[dict]) -> list[str]:
+    """The paper's two claims checked on these numbers, one line per recurrent model."""
+    lines = []
+    for row in (r for r in rows if r["model"] == "recurrent"):
+        baselines = sorted(
+            (r for r in rows if r["model"] == "baseline" and r["window_size"] == row["window_size"]),
+            key=lambda r: r["overlap"],
+        )
+        same = next((b for b in baselines if b["overlap"] == row["overlap"]), None)
+        if same is not None:
+            change = 100 * (row["perplexity"] / same["perplexity"] - 1)
+            lines.append(
+                f"window {row['window_size']}, overlap {row['overlap']}: recurrent {row['perplexity']:.2f} vs baseline "
+                f"{same['perplexity']:.2f} ({change:+.1f}%)"
+            )
+        matched = next((b for b in baselines if b["perplexity"] <= row["perplexity"]), None)
+        if matched is None:
+            lines.append(
+                f"window {row['window_size']}: no baseline overlap up to {baselines[-1]['overlap']} reaches the "
+                f"recurrent model's {row['perplexity']:.2f} at overlap {row['overlap']}"
+            )
+        else:
+            cost = matched["flops_per_token"] / row["flops_per_token"]
+            lines.append(
+                f"window {row['window_size']}: the baseline needs overlap {matched['overlap']} "
+                f"({math.floor(100 * matched['overlap'] / row['window_size'])}% of the window, {cost:.2f}x the "
+                f"FLOPs/token) to match the recurrent model at overlap {row['overlap']}"
+            )
+    return lines

@@ -1,0 +1,1 @@
+"""Tests of hf_recurrence.evaluation."""

@@ -1,0 +1,101 @@
+"""The `hf-recurrence` command line: every command has --help, and convert / generate / reproduce do their job."""
+
+import json
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from hf_recurrence import RecurrentGPT2LMHeadModel
+from hf_recurrence.cli import COMMANDS, build_parser, main
+from hf_recurrence.commands.reproduce import PRESETS, settings_from_args
+from hf_recurrence.pretraining import default_model_path
+from hf_recurrence.reproduction import ReproductionSettings
+
+from .common import TINY_GPT2, stdlib_tokenizer
+
+
+@pytest.fixture
+def gpt2_dir(tmp_path):
+    path = tmp_path / "gpt2"
+    tokenizer = stdlib_tokenizer()
+    GPT2LMHeadModel(GPT2Config(**{**TINY_GPT2, "vocab_size": len(tokenizer)})).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage: hf-recurrence " + command in capsys.readouterr().out
+
+
+def test_convert_keeps_gpt2_and_adds_the_recurrence(gpt2_dir, tmp_path, capsys):
+    out = tmp_path / "recurrent"
+    main(["convert", str(gpt2_dir), str(out), "--window_size", "8", "--window_overlap", "2", "--insertion_layer", "1"])
+    assert "new weights" in capsys.readouterr().out
+    model = RecurrentGPT2LMHeadModel.from_pretrained(out).eval()
+    assert (model.config.window_size, model.config.window_overlap, model.config.insertion_layer) == (8, 2, 1)
+    assert (out / "tokenizer.json").exists()
+    ids = torch.randint(0, model.config.vocab_size, (1, 8))
+    stock = GPT2LMHeadModel.from_pretrained(gpt2_dir).eval()
+    torch.testing.assert_close(model(ids).logits, stock(ids).logits, rtol=0, atol=0)
+
+
+def test_convert_rejects_a_bad_window_naming_it(gpt2_dir, tmp_path):
+    with pytest.raises(ValueError, match="window_size"):
+        main(["convert", str(gpt2_dir), str(tmp_path / "out"), "--window_size", "99"])
+
+
+def test_generate_writes_past_the_position_table(gpt2_dir, tmp_path, capsys):
+    out = tmp_path / "recurrent"
+    main(["convert", str(gpt2_dir), str(out), "--window_size", "8"])
+    capsys.readouterr()
+    prompt = "def main():"
+    main(["generate", str(out), "--prompt", prompt, "--max_new_tokens", "40"])
+    text = capsys.readouterr().out
+    tokenizer = stdlib_tokenizer()
+    assert text.startswith(prompt)
+    assert len(tokenizer(text.rstrip("\n"))["input_ids"]) > TINY_GPT2["n_positions"]
+
+
+def test_generate_rejects_zero_tokens(gpt2_dir):
+    with pytest.raises(ValueError, match="max_new_tokens.*0"):
+        main(["generate", str(gpt2_dir), "--prompt", "x", "--max_new_tokens", "0"])
+
+
+def test_presets_are_overridden_by_explicit_options():
+    args = build_parser().parse_args(["reproduce", "--preset", "smoke", "--max_steps", "7", "--window_sizes", "16"])
+    settings = settings_from_args(args)
+    assert settings.max_steps == 7 and list(settings.window_sizes) == [16]
+    assert settings.batch_size == PRESETS["smoke"]["batch_size"]
+
+
+def test_reproduction_settings_name_bad_values():
+    with pytest.raises(ValueError, match=r"baseline_overlap_fractions.*\[1.0\]"):
+        ReproductionSettings(baseline_overlap_fractions=[0.0, 1.0])
+    with pytest.raises(ValueError, match=r"window_sizes.*\[512\]"):
+        ReproductionSettings(window_sizes=[64, 512], block_tokens=256)
+
+
+def test_embedded_default_model_is_a_gpt2_with_a_model_card():
+    path = default_model_path()
+    model = GPT2LMHeadModel.from_pretrained(path)
+    assert model.config.n_positions == 128
+    card = (path / "README.md").read_text()
+    assert "library_name: transformers" in card and "hf-recurrence pretrain" in card
+
+
+def test_reproduce_smoke_runs_end_to_end(tmp_path, capsys):
+    out = tmp_path / "reproduce"
+    main(["reproduce", "--preset", "smoke", "--output_dir", str(out)])
+    printed = capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    rows = results["rows"]
+    assert {(r["model"], r["overlap"]) for r in rows} == {("baseline", 0), ("baseline", 8), ("recurrent", 0)}
+    assert all(r["perplexity"] > 1 and r["num_tokens"] > 0 for r in rows)
+    assert (out / "perplexity_vs_flops.png").stat().st_size > 0
+    assert "recurrent" in (out / "results.md").read_text()
+    assert "vs baseline" in printed
