@@ -223,7 +223,7 @@ class TransformerXLState:
             torch.zeros(batch_size, 0, dtype=torch.bool, device=device),
         )
         self.seen_tokens = 0
-        # Position keys of every layer for distances 0, 1, ...: (head, distances, d_head) each; kept only when
+        # Position keys of every layer for distances ..., 1, 0: (head, distances, d_head) each; kept only when
         # computed without gradients, since they depend on the weights alone.
         self.position_keys: list[torch.Tensor] | None = None
 
@@ -383,16 +383,17 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         return owner.r_w_bias, owner.r_r_bias
 
     def _position_keys(self, state: TransformerXLState, distances: int, device: torch.device) -> list[torch.Tensor]:
-        """Every layer's position keys for distances 0 .. distances - 1, (head, distances, d_head) each."""
+        """Every layer's position keys for distances `distances - 1` down to 0, (head, distances, d_head) each.
+
+        Descending, so that the keys a segment needs, distances `klen - 1` .. 0, are the last `klen` columns: a view.
+        """
         reuse = not torch.is_grad_enabled()
         cached = state.position_keys
         if reuse and cached is not None and cached[0].shape[1] >= distances:
             return cached
         clamp = self.config.clamp_len
-        steps = torch.arange(distances, device=device)
-        encodings = sinusoidal_position_encoding(
-            steps if clamp is None else steps.clamp(max=clamp), self.config.d_model
-        )
+        steps = torch.arange(distances - 1, -1, -1, device=device)
+        encodings = sinusoidal_position_encoding(steps if clamp is None else steps.clamp(max=clamp), self.config.d_model)
         encodings = self.drop(encodings.to(self.word_emb.weight.dtype))
         keys = [layer.attn.position_keys(encodings) for layer in self.layers]
         state.position_keys = keys if reuse else None
@@ -425,7 +426,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         mems, keys, values = [], [], []
         for i, layer in enumerate(self.layers):
             memory_kv = layer.attn.key_value(memory.mems[i]) if recompute else (memory.keys[i], memory.values[i])
-            layer_position_keys = position_keys[i][:, :klen].flip(1)  # distances klen - 1 .. 0
+            layer_position_keys = _last_slots(position_keys[i], klen, 1)  # distances klen - 1 .. 0
             output, key, value = layer(hidden, memory_kv, layer_position_keys, allowed, *self._biases(layer))
             mems.append(_last_slots(torch.cat([memory.mems[i], hidden], dim=1), keep, 1).detach())
             keys.append(_last_slots(torch.cat([memory_kv[0], key], dim=2), keep, 2).detach())
