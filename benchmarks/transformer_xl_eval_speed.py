@@ -24,7 +24,18 @@ reported is the median time per predicted token and the ratios to vanilla.
 import argparse
 
 import torch
-from _common import command_line, interleaved, load_at_end, machine_info, markdown_table, median, setup, write_section
+from _common import (
+    add_transformer_xl_shape_arguments,
+    command_line,
+    interleaved,
+    load_at_end,
+    machine_info,
+    markdown_table,
+    median,
+    setup,
+    transformer_xl_dims,
+    write_section,
+)
 
 from hf_recurrence import TransformerXLConfig, TransformerXLLMHeadModel
 
@@ -34,15 +45,15 @@ GOAL = 100.0
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for name, default in (("n_layer", 6), ("d_model", 512), ("n_head", 8), ("d_head", 64), ("d_inner", 2048)):
-        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
-    parser.add_argument("--vocab-size", type=int, default=8000)
+    add_transformer_xl_shape_arguments(
+        parser, {"n_layer": 6, "d_model": 512, "n_head": 8, "d_head": 64, "d_inner": 2048, "vocab_size": 8000}
+    )
     parser.add_argument("--spans", type=int, nargs="+", default=[256, 512, 1024])
     parser.add_argument("--segment-length", type=int, default=128, help="tokens per call of the segment mode")
     parser.add_argument("--cached-tokens", type=int, default=256, help="tokens predicted per timed state-reuse run")
     parser.add_argument("--vanilla-tokens", type=int, default=2, help="tokens predicted per timed vanilla call")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="1: no parallel regions to wait for on a busy machine")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--write-docs", action="store_true")
     return parser.parse_args()
@@ -97,15 +108,7 @@ def measure(model: TransformerXLLMHeadModel, span: int, args: argparse.Namespace
 def main() -> None:
     args = parse_args()
     setup(args.seed, args.threads)
-    config = TransformerXLConfig(
-        vocab_size=args.vocab_size,
-        d_model=args.d_model,
-        n_head=args.n_head,
-        d_head=args.d_head,
-        d_inner=args.d_inner,
-        n_layer=args.n_layer,
-        dropout=0.0,
-    )
+    config = TransformerXLConfig(**transformer_xl_dims(args), dropout=0.0)
     model = TransformerXLLMHeadModel(config).eval()
     info = machine_info()
     rows, ratios = [], []
