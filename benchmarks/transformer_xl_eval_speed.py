@@ -50,7 +50,8 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--spans", type=int, nargs="+", default=[256, 512, 1024])
     parser.add_argument("--segment-length", type=int, default=128, help="tokens per call of the segment mode")
-    parser.add_argument("--cached-tokens", type=int, default=256, help="tokens predicted per timed state-reuse run")
+    parser.add_argument("--cached-tokens", type=int, default=256, help="tokens predicted per timed segment-mode run")
+    parser.add_argument("--single-tokens", type=int, default=32, help="tokens predicted per timed token-by-token run")
     parser.add_argument("--vanilla-tokens", type=int, default=2, help="tokens predicted per timed vanilla call")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="1: no parallel regions to wait for on a busy machine")
@@ -82,8 +83,9 @@ def measure(model: TransformerXLLMHeadModel, span: int, args: argparse.Namespace
     def reuse(per_call: int):
         config.mem_len, config.segment_length, config.same_length = span, args.segment_length, True
         state = model.transformer(context).past_key_values
-        return lambda: predict_with_state(model, state, tokens, per_call)
+        return lambda: predict_with_state(model, state, tokens if per_call > 1 else single_tokens, per_call)
 
+    single_tokens = tokens[:, : args.single_tokens]
     segments, single = reuse(args.segment_length), reuse(1)
 
     def with_settings(run, mem_len: int, segment_length: int):
@@ -101,7 +103,7 @@ def measure(model: TransformerXLLMHeadModel, span: int, args: argparse.Namespace
         ),
     }
     times = interleaved(fns, repeats=args.repeats)
-    counts = {"segments": args.cached_tokens, "token by token": args.cached_tokens, "vanilla": args.vanilla_tokens}
+    counts = {"segments": args.cached_tokens, "token by token": args.single_tokens, "vanilla": args.vanilla_tokens}
     return {name: median(times[name]) / counts[name] for name in fns}
 
 

@@ -13,8 +13,8 @@ trained on the training text.
 
 Training follows the paper: the training tokens are laid out as `--batch-size` parallel streams, read segment after
 segment (`--segment-length`), with the memory (`--mem-len`) carried from one optimizer step to the next (without
-gradient), AdamW for `--train-seconds` of wall-clock time. Evaluation streams the held-out text as one sequence,
-segment after segment with the state carried, and reports the perplexity of every token with the memory set to
+gradient), AdamW for `--train-seconds` of wall-clock time. Evaluation reads the held-out text (`--eval-tokens`),
+segment after segment in `--eval-streams` parallel streams with the state carried, and reports the perplexity of every token with the memory set to
 1x, 2x and 4x the training `mem_len` (the same weights; only `config.mem_len` changes), plus `mem_len = 0`.
 """
 
@@ -50,6 +50,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--train-seconds", type=float, default=180.0)
     parser.add_argument("--eval-docs", type=int, default=12)
     parser.add_argument("--eval-tokens", type=int, default=40000)
+    parser.add_argument("--eval-streams", type=int, default=8, help="the held-out text is read as parallel streams")
     parser.add_argument("--threads", type=int, default=1, help="1: no parallel regions to wait for on a busy machine")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--write-docs", action="store_true")
@@ -98,16 +99,21 @@ def train(model: TransformerXLLMHeadModel, tokens: torch.Tensor, args: argparse.
 
 
 @torch.inference_mode()
-def perplexity(model: TransformerXLLMHeadModel, tokens: torch.Tensor, segment_length: int) -> float:
+def perplexity(model: TransformerXLLMHeadModel, tokens: torch.Tensor, streams: int, segment_length: int) -> float:
+    """Perplexity of every token but the first of each of `streams` parallel streams, read segment after segment."""
     model.eval()
-    state, total, count = None, 0.0, 0
-    for start in range(0, tokens.shape[0] - 1, segment_length):
-        segment = tokens[start : start + segment_length + 1][None]
-        out = model(segment[:, :-1], past_key_values=state)
+    length = (tokens.shape[0] - 1) // streams
+    inputs = tokens[: length * streams].view(streams, length)
+    targets = tokens[1 : length * streams + 1].view(streams, length)
+    state, total = None, 0.0
+    for start in range(0, length, segment_length):
+        out = model(inputs[:, start : start + segment_length], past_key_values=state)
         state = out.past_key_values
-        total += torch.nn.functional.cross_entropy(out.logits[0], segment[0, 1:], reduction="sum").item()
-        count += segment.shape[1] - 1
-    return math.exp(total / count)
+        segment_targets = targets[:, start : start + segment_length]
+        total += torch.nn.functional.cross_entropy(
+            out.logits.flatten(0, 1), segment_targets.flatten(), reduction="sum"
+        ).item()
+    return math.exp(total / targets.numel())
 
 
 def main() -> None:
@@ -127,7 +133,7 @@ def main() -> None:
     rows = []
     for factor in (0, 1, 2, 4):
         model.config.mem_len = factor * args.mem_len
-        ppl = perplexity(model, eval_tokens, args.segment_length)
+        ppl = perplexity(model, eval_tokens, args.eval_streams, args.segment_length)
         rows.append([f"{factor}x" if factor else "none", model.config.mem_len, f"{ppl:.2f}"])
         print(rows[-1])
     table = markdown_table(["evaluation memory", "mem_len", "held-out perplexity"], rows)
