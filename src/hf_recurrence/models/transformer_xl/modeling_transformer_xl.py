@@ -393,7 +393,9 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
             return cached
         clamp = self.config.clamp_len
         steps = torch.arange(distances - 1, -1, -1, device=device)
-        encodings = sinusoidal_position_encoding(steps if clamp is None else steps.clamp(max=clamp), self.config.d_model)
+        encodings = sinusoidal_position_encoding(
+            steps if clamp is None else steps.clamp(max=clamp), self.config.d_model
+        )
         encodings = self.drop(encodings.to(self.word_emb.weight.dtype))
         keys = [layer.attn.position_keys(encodings) for layer in self.layers]
         state.position_keys = keys if reuse else None
