@@ -54,6 +54,20 @@ def gpt2_dims(args: argparse.Namespace) -> dict[str, int]:
     return {name: getattr(args, name) for name in ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions")}
 
 
+TRANSFORMER_XL_SHAPE = ("n_layer", "d_model", "n_head", "d_head", "d_inner", "vocab_size")
+
+
+def add_transformer_xl_shape_arguments(parser: argparse.ArgumentParser, shape: dict[str, int]) -> None:
+    """The Transformer-XL shape flags of the Transformer-XL benchmarks, with that benchmark's defaults."""
+    for name in TRANSFORMER_XL_SHAPE:
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=shape[name])
+
+
+def transformer_xl_dims(args: argparse.Namespace) -> dict[str, int]:
+    """The TransformerXLConfig fields set by `add_transformer_xl_shape_arguments`."""
+    return {name: getattr(args, name) for name in TRANSFORMER_XL_SHAPE}
+
+
 def setup(seed: int, threads: int) -> None:
     torch.manual_seed(seed)
     torch.set_num_threads(threads)

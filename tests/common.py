@@ -5,9 +5,11 @@ import sys
 from functools import cache
 from pathlib import Path
 
+import torch
+from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerFast
 
-from hf_recurrence import RecurrentGPT2Config
+from hf_recurrence import RecurrentGPT2Config, TransformerXLConfig
 from hf_recurrence.data import python_stdlib_documents, train_byte_level_bpe
 
 
@@ -37,6 +39,40 @@ def tiny_recurrent_config(**overrides) -> RecurrentGPT2Config:
         **overrides,
     }
     return RecurrentGPT2Config(**kwargs)
+
+
+def tiny_transformer_xl_config(**overrides) -> TransformerXLConfig:
+    """A 2-layer, 32-wide Transformer-XL with 8-token segments and a 6-slot memory."""
+    kwargs = {
+        "vocab_size": 99,
+        "d_model": 32,
+        "n_head": 2,
+        "d_head": 16,
+        "d_inner": 37,
+        "n_layer": 2,
+        "segment_length": 8,
+        "mem_len": 6,
+        "dropout": 0.0,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "pad_token_id": 0,
+        **overrides,
+    }
+    return TransformerXLConfig(**kwargs)
+
+
+class RandomBlocks(Dataset):
+    """Random token blocks for Trainer tests, labels = input ids (the models shift them)."""
+
+    def __init__(self, count: int, length: int, vocab_size: int = 99):
+        generator = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(1, vocab_size, (count, length), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
 @cache

@@ -11,6 +11,11 @@ from .models import (
     RecurrentGPT2Model,
     RecurrentGPT2PreTrainedModel,
     RecurrentGPT2State,
+    TransformerXLConfig,
+    TransformerXLLMHeadModel,
+    TransformerXLModel,
+    TransformerXLPreTrainedModel,
+    TransformerXLState,
 )
 
 
@@ -20,5 +25,10 @@ __all__ = [
     "RecurrentGPT2Model",
     "RecurrentGPT2PreTrainedModel",
     "RecurrentGPT2State",
+    "TransformerXLConfig",
+    "TransformerXLLMHeadModel",
+    "TransformerXLModel",
+    "TransformerXLPreTrainedModel",
+    "TransformerXLState",
     "__version__",
 ]

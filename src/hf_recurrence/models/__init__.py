@@ -7,3 +7,10 @@ from .recurrent_gpt2 import (
     RecurrentGPT2PreTrainedModel,
     RecurrentGPT2State,
 )
+from .transformer_xl import (
+    TransformerXLConfig,
+    TransformerXLLMHeadModel,
+    TransformerXLModel,
+    TransformerXLPreTrainedModel,
+    TransformerXLState,
+)

@@ -2,26 +2,11 @@
 
 import pytest
 import torch
-from torch.utils.data import Dataset
 from transformers import Trainer, TrainingArguments
 
 from hf_recurrence import RecurrentGPT2LMHeadModel
 
-from ...common import tiny_recurrent_config
-
-
-class RandomBlocks(Dataset):
-    """Blocks of several windows each, labels = input ids (the model shifts them)."""
-
-    def __init__(self, count: int, length: int):
-        generator = torch.Generator().manual_seed(0)
-        self.ids = torch.randint(1, 99, (count, length), generator=generator)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+from ...common import RandomBlocks, tiny_recurrent_config
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])

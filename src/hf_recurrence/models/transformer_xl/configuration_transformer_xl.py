@@ -1,0 +1,139 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Configuration of Transformer-XL (Dai et al. 2019, "Transformer-XL: Attentive Language Models Beyond a
+Fixed-Length Context")."""
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+
+
+AUTO_MAP = {
+    "AutoConfig": "configuration_transformer_xl.TransformerXLConfig",
+    "AutoModel": "modeling_transformer_xl.TransformerXLModel",
+    "AutoModelForCausalLM": "modeling_transformer_xl.TransformerXLLMHeadModel",
+}
+
+
+@strict
+class TransformerXLConfig(PreTrainedConfig):
+    r"""
+    Configuration of a [`TransformerXLModel`] / [`TransformerXLLMHeadModel`].
+
+    The input is read in segments of `segment_length` tokens. Every layer of a segment attends to its own causal
+    context and to a memory: the hidden states that entered the same layer at the last `mem_len` earlier positions,
+    kept without gradient. Positions are relative (sinusoidal distances with the learned biases u and v of the
+    paper's §3.3), so the model has no maximum length; deliberately there is no `max_position_embeddings`.
+
+    The output layer is a plain softmax tied to the input embeddings (no adaptive softmax or adaptive input, see
+    docs/models/transformer_xl.md for why).
+
+    Args:
+        vocab_size (`int`, *optional*, defaults to 32000):
+            Size of the vocabulary.
+        d_model (`int`, *optional*, defaults to 410):
+            Width of the hidden states (`hidden_size`).
+        n_head (`int`, *optional*, defaults to 10):
+            Attention heads per layer (`num_attention_heads`).
+        d_head (`int`, *optional*, defaults to 41):
+            Width of one attention head (`head_dim`); `n_head * d_head` need not equal `d_model`.
+        d_inner (`int`, *optional*, defaults to 2100):
+            Hidden width of the position-wise feed-forward network (`intermediate_size`).
+        n_layer (`int`, *optional*, defaults to 16):
+            Number of layers (`num_hidden_layers`).
+        segment_length (`int`, *optional*, defaults to 150):
+            Tokens per segment (the paper's L). A longer input is processed segment by segment inside `forward`.
+        mem_len (`int`, *optional*, defaults to 150):
+            Positions of memory per layer (the paper's M). 0 disables the recurrence. May differ from the value
+            used in training: the paper evaluates with longer memories than it trains with.
+        clamp_len (`int`, *optional*):
+            Relative distances larger than this use the encoding of `clamp_len`. `None` never clamps.
+        same_length (`bool`, *optional*, defaults to `False`):
+            If `True`, every query attends to at most `mem_len` earlier positions (plus itself), so every position
+            of a segment sees a context of the same length once the memory is full.
+        dropout (`float`, *optional*, defaults to 0.1):
+            Dropout on embeddings, position encodings, the attention output and the feed-forward network.
+        dropatt (`float`, *optional*, defaults to 0.0):
+            Dropout on the attention probabilities.
+        pre_lnorm (`bool`, *optional*, defaults to `False`):
+            Layer norm before each sub-layer (and once after the last layer) instead of after the residual sum.
+        untie_r (`bool`, *optional*, defaults to `True`):
+            If `True`, every layer has its own position biases u and v; if `False`, all layers share one pair.
+        layer_norm_epsilon (`float`, *optional*, defaults to 1e-5):
+            Epsilon of the layer norms.
+        initializer_range (`float`, *optional*, defaults to 0.02):
+            Standard deviation of the normal weight initialisation.
+
+    Example:
+
+    ```python
+    >>> from hf_recurrence import TransformerXLConfig, TransformerXLLMHeadModel
+
+    >>> config = TransformerXLConfig(vocab_size=100, d_model=32, n_head=2, d_head=16, d_inner=64, n_layer=2,
+    ...     segment_length=8, mem_len=8)
+    >>> model = TransformerXLLMHeadModel(config)
+    >>> model.config.hidden_size
+    32
+
+    ```"""
+
+    model_type = "transformer_xl"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "hidden_size": "d_model",
+        "num_attention_heads": "n_head",
+        "num_hidden_layers": "n_layer",
+        "intermediate_size": "d_inner",
+        "head_dim": "d_head",
+    }
+
+    vocab_size: int = 32000
+    d_model: int = 410
+    n_head: int = 10
+    d_head: int = 41
+    d_inner: int = 2100
+    n_layer: int = 16
+    segment_length: int = 150
+    mem_len: int = 150
+    clamp_len: int | None = None
+    same_length: bool = False
+    dropout: float | int = 0.1
+    dropatt: float | int = 0.0
+    pre_lnorm: bool = False
+    untie_r: bool = True
+    layer_norm_epsilon: float = 1e-5
+    initializer_range: float = 0.02
+    use_cache: bool = True
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self, **kwargs):
+        kwargs.setdefault("auto_map", dict(AUTO_MAP))
+        super().__post_init__(**kwargs)
+        self.check_transformer_xl_settings()
+
+    def validate_transformer_xl_settings(self):
+        """Part of `@strict` validation, so a config changed after construction is checked again when saved."""
+        self.check_transformer_xl_settings()
+
+    def check_transformer_xl_settings(self) -> None:
+        """Raise `ValueError` naming the first invalid field and its value."""
+        for name in ("vocab_size", "d_model", "n_head", "d_head", "d_inner", "n_layer", "segment_length"):
+            _check_int(name, getattr(self, name), minimum=1)
+        _check_int("mem_len", self.mem_len, minimum=0)
+        if self.clamp_len is not None:
+            _check_int("clamp_len", self.clamp_len, minimum=0)
+        for name in ("dropout", "dropatt"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ValueError(f"{name} must be a probability in [0, 1), got {name}={value!r}")
+        if self.d_model % 2:
+            raise ValueError(f"d_model must be even for the sinusoidal position encoding, got d_model={self.d_model}")
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {name}={value!r}")
+
+
+__all__ = ["TransformerXLConfig"]

@@ -1,0 +1,681 @@
+# SPDX-License-Identifier: Apache-2.0
+"""PyTorch Transformer-XL (Dai et al. 2019, "Transformer-XL: Attentive Language Models Beyond a Fixed-Length
+Context"), written from the paper: segment-level recurrence with stop-gradient memories, relative sinusoidal
+positions with the u/v biases and the linear-cost relative shift. Plain softmax output tied to the input embeddings."""
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.utils import ModelOutput, logging
+
+from .configuration_transformer_xl import TransformerXLConfig
+
+
+logger = logging.get_logger(__name__)
+
+
+def sinusoidal_position_encoding(distances: torch.Tensor, d_model: int) -> torch.Tensor:
+    """The paper's R: `[sin(d * f), cos(d * f)]` with `f = 1 / 10000^(2k / d_model)`. (len,) -> (len, d_model)."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d_model, 2, device=distances.device, dtype=torch.float32) / d_model))
+    angles = distances.float()[:, None] * inv_freq[None, :]  # (len, d_model / 2)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def relative_shift(scores: torch.Tensor) -> torch.Tensor:
+    """Turn position scores indexed by key column into scores indexed by relative distance (paper, appendix B).
+
+    `scores[..., i, c]` holds query i's score for distance `klen - 1 - c`. The result holds at `[..., i, j]` the score
+    for distance `(klen - q) + i - j`, i.e. from query i (which sits after `klen - q` memory slots) to key j, for every
+    `j <= klen - q + i`; entries for keys after the query are meaningless and must be masked. One pad and two reshapes
+    instead of a gather: O(q * klen) work with no index tensor.
+    """
+    *lead, q, klen = scores.shape
+    padded = nn.functional.pad(scores, (1, 0))  # (..., q, klen + 1): a zero column in front of every row
+    padded = padded.view(*lead, klen + 1, q)
+    return padded[..., 1:, :].reshape(*lead, q, klen)
+
+
+class TransformerXLRelAttention(nn.Module):
+    """Multi-head attention with relative position scores: (a)+(c) content terms via u, (b)+(d) position terms via v."""
+
+    def __init__(self, config: TransformerXLConfig):
+        super().__init__()
+        self.n_head, self.d_head = config.n_head, config.d_head
+        self.pre_lnorm = config.pre_lnorm
+        inner = config.n_head * config.d_head
+        self.qkv_net = nn.Linear(config.d_model, 3 * inner, bias=False)
+        # W_{k,R} of the paper: projects the sinusoidal distance encodings into position keys.
+        self.r_net = nn.Linear(config.d_model, inner, bias=False)
+        self.o_net = nn.Linear(inner, config.d_model, bias=False)
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
+        self.drop = nn.Dropout(config.dropout)
+        self.dropatt = nn.Dropout(config.dropatt)
+        self.scale = config.d_head**-0.5
+        if config.untie_r:
+            self.r_w_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # u
+            self.r_r_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # v
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(*x.shape[:-1], self.n_head, self.d_head).transpose(1, 2)  # (batch, head, seq, d_head)
+
+    def key_value(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of memory hidden states (batch, slots, d_model), as (batch, head, slots, d_head)."""
+        x = self.layer_norm(memory) if self.pre_lnorm else memory
+        _, key, value = self.qkv_net(x).chunk(3, dim=-1)
+        return self._heads(key), self._heads(value)
+
+    def position_keys(self, encodings: torch.Tensor) -> torch.Tensor:
+        """(len, d_model) distance encodings -> (head, len, d_head) position keys."""
+        return self.r_net(encodings).view(-1, self.n_head, self.d_head).transpose(0, 1)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        memory_key_value: tuple[torch.Tensor, torch.Tensor],
+        position_keys: torch.Tensor,
+        allowed: torch.Tensor,
+        r_w_bias: torch.Tensor,
+        r_r_bias: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """hidden_states: (batch, q, d_model); memory keys/values: (batch, head, slots, d_head); position_keys:
+        (head, slots + q, d_head) for distances `slots + q - 1` down to 0; allowed: (batch, 1, q, slots + q) bool.
+        Returns the layer output and the new positions' keys and values."""
+        x = self.layer_norm(hidden_states) if self.pre_lnorm else hidden_states
+        query, key, value = (self._heads(t) for t in self.qkv_net(x).chunk(3, dim=-1))
+        keys = torch.cat([memory_key_value[0], key], dim=2)  # (batch, head, klen, d_head)
+        values = torch.cat([memory_key_value[1], value], dim=2)
+        content = (query + r_w_bias[:, None]) @ keys.transpose(-1, -2)  # (batch, head, q, klen): terms (a) + (c)
+        position = relative_shift((query + r_r_bias[:, None]) @ position_keys.transpose(-1, -2))  # terms (b) + (d)
+        scores = (content + position) * self.scale
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        probs = self.dropatt(torch.softmax(scores, dim=-1))
+        attended = (probs @ values).transpose(1, 2).reshape(*hidden_states.shape[:2], -1)  # (batch, q, head * d_head)
+        output = hidden_states + self.drop(self.o_net(attended))
+        return (output if self.pre_lnorm else self.layer_norm(output)), key, value
+
+
+class TransformerXLFeedForward(nn.Module):
+    def __init__(self, config: TransformerXLConfig):
+        super().__init__()
+        self.pre_lnorm = config.pre_lnorm
+        self.fc1 = nn.Linear(config.d_model, config.d_inner)
+        self.fc2 = nn.Linear(config.d_inner, config.d_model)
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        x = self.layer_norm(hidden_states) if self.pre_lnorm else hidden_states
+        output = hidden_states + self.drop(self.fc2(self.drop(torch.relu(self.fc1(x)))))
+        return output if self.pre_lnorm else self.layer_norm(output)
+
+
+class TransformerXLLayer(nn.Module):
+    def __init__(self, config: TransformerXLConfig):
+        super().__init__()
+        self.attn = TransformerXLRelAttention(config)
+        self.ff = TransformerXLFeedForward(config)
+
+    def forward(self, hidden_states: torch.Tensor, *attention_args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        hidden_states, key, value = self.attn(hidden_states, *attention_args)
+        return self.ff(hidden_states), key, value
+
+
+@dataclass
+class _Memory:
+    """Per-layer memory of some batch rows: hidden states entering each layer and their keys/values."""
+
+    mems: list[torch.Tensor]  # n_layer x (rows, slots, d_model)
+    keys: list[torch.Tensor]  # n_layer x (rows, head, slots, d_head)
+    values: list[torch.Tensor]
+    valid: torch.Tensor  # (rows, slots) bool; the valid slots are always a suffix
+
+    def select(self, rows: torch.Tensor) -> "_Memory":
+        return self.map(lambda t: t.index_select(0, rows.to(t.device)))
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "_Memory":
+        return _Memory(
+            [fn(m) for m in self.mems], [fn(k) for k in self.keys], [fn(v) for v in self.values], fn(self.valid)
+        )
+
+    def slots(self) -> int:
+        return self.valid.shape[1]
+
+    def keep_last(self, keep: int) -> "_Memory":
+        """The last `keep` slots of every tensor."""
+        return self.map(lambda t: _last_slots(t, keep, _slot_dim(t)))
+
+
+def _slot_dim(tensor: torch.Tensor) -> int:
+    """Slots are dim 2 of (batch, head, slots, d_head) keys/values, dim 1 of memories and validity masks."""
+    return 2 if tensor.dim() == 4 else 1
+
+
+def _last_slots(tensor: torch.Tensor, keep: int, dim: int) -> torch.Tensor:
+    """The last `keep` slots along `dim` (works for keep == 0, unlike a negative slice)."""
+    return tensor.narrow(dim, tensor.shape[dim] - keep, keep)
+
+
+def _left_pad_slots(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """Pad with zeros (False) in front along `dim` up to `width` slots."""
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+class TransformerXLState:
+    """The memories Transformer-XL carries from one call to the next, passed as `past_key_values`.
+
+    For every layer `i`:
+
+    - `mems[i]`: `(batch, slots, d_model)` the hidden states that entered layer `i` at the last `slots <= mem_len`
+      positions, without autograd history (the paper's stop-gradient memory);
+    - `keys[i]`, `values[i]`: `(batch, n_head, slots, d_head)` their attention keys and values, reused instead of
+      recomputed when gradients are off (evaluation and `generate()`); with gradients on they are recomputed from
+      `mems` so that the projections are trained through the memory, as in the paper;
+
+    plus `mem_valid`: `(batch, slots)` bool, False for slots that hold no token (a row that has read fewer tokens
+    than the others, or padding). Memory never grows past `mem_len` slots, whatever the length read.
+
+    The cached keys/values and position keys belong to the weights they were computed with: after changing the
+    weights, start from a new state.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from hf_recurrence import TransformerXLConfig, TransformerXLLMHeadModel
+
+    >>> model = TransformerXLLMHeadModel(TransformerXLConfig(vocab_size=100, d_model=32, n_head=2, d_head=16,
+    ...     d_inner=64, n_layer=2, segment_length=8, mem_len=6)).eval()
+    >>> ids = torch.randint(0, 100, (1, 24))
+    >>> out = model(ids[:, :16])
+    >>> out = model(ids[:, 16:], past_key_values=out.past_key_values)
+    >>> out.past_key_values.get_seq_length(), out.past_key_values.mems[0].shape
+    (24, torch.Size([1, 6, 32]))
+
+    ```
+    """
+
+    # generate() asks every cache whether it can be compiled.
+    is_compileable = False
+
+    def __init__(
+        self,
+        config: TransformerXLConfig,
+        batch_size: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ):
+        empty_mem = torch.zeros(batch_size, 0, config.d_model, device=device, dtype=dtype)
+        empty_kv = torch.zeros(batch_size, config.n_head, 0, config.d_head, device=device, dtype=dtype)
+        self.memory = _Memory(
+            [empty_mem] * config.n_layer,
+            [empty_kv] * config.n_layer,
+            [empty_kv] * config.n_layer,
+            torch.zeros(batch_size, 0, dtype=torch.bool, device=device),
+        )
+        self.seen_tokens = 0
+        # Position keys of every layer for distances ..., 1, 0: (head, distances, d_head) each; kept only when
+        # computed without gradients, since they depend on the weights alone.
+        self.position_keys: list[torch.Tensor] | None = None
+
+    @property
+    def mems(self) -> list[torch.Tensor]:
+        return self.memory.mems
+
+    @property
+    def keys(self) -> list[torch.Tensor]:
+        return self.memory.keys
+
+    @property
+    def values(self) -> list[torch.Tensor]:
+        return self.memory.values
+
+    @property
+    def mem_valid(self) -> torch.Tensor:
+        return self.memory.valid
+
+    @property
+    def batch_size(self) -> int:
+        return self.memory.valid.shape[0]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Number of input positions (padding included) consumed so far; what `generate` slices new tokens by."""
+        return self.seen_tokens
+
+    def detach(self) -> "TransformerXLState":
+        """Cut every autograd history (memories already have none; the cached projections may). Returns `self`."""
+        self.memory = self.memory.map(torch.Tensor.detach)
+        self.position_keys = None
+        return self
+
+    def reset(self) -> "TransformerXLState":
+        """Forget everything: the next token starts without memory. Returns `self`."""
+        self.memory = self.memory.keep_last(0)
+        self.seen_tokens = 0
+        self.position_keys = None
+        return self
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "TransformerXLState":
+        """Move to `device`; floating tensors are cast to `dtype`. Returns `self`."""
+        self.memory = self.memory.map(lambda t: t.to(device=device, dtype=dtype if t.is_floating_point() else None))
+        self.position_keys = None
+        return self
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Select batch rows (beam search): row `i` becomes old row `beam_idx[i]`."""
+        self.memory = self.memory.select(beam_idx)
+
+    def update_rows(self, rows: torch.Tensor | None, memory: _Memory) -> None:
+        """Store the new memory of `rows` (None: every row), then drop slots that no row uses."""
+        if rows is None:
+            self.memory = memory
+            return
+        width = max(self.memory.slots(), memory.slots())
+
+        def merge(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+            merged = _left_pad_slots(old, width, _slot_dim(old)).clone()
+            merged[rows.to(old.device)] = _left_pad_slots(new, width, _slot_dim(new))
+            return merged
+
+        self.memory = _Memory(
+            [merge(o, n) for o, n in zip(self.memory.mems, memory.mems, strict=True)],
+            [merge(o, n) for o, n in zip(self.memory.keys, memory.keys, strict=True)],
+            [merge(o, n) for o, n in zip(self.memory.values, memory.values, strict=True)],
+            merge(self.memory.valid, memory.valid),
+        )
+        used = int(self.memory.valid.sum(1).max())
+        if used < width:
+            self.memory = self.memory.keep_last(used)
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}(batch_size={self.batch_size}, seen_tokens={self.seen_tokens}, "
+            f"memory_slots={self.memory.slots()}, valid_slots={self.mem_valid.sum(1).tolist()})"
+        )
+
+
+@dataclass
+class TransformerXLModelOutput(ModelOutput):
+    """
+    Args:
+        last_hidden_state (`torch.FloatTensor` of shape `(batch_size, sequence_length, d_model)`):
+            Output of the last layer at every input position (zeros at padding positions).
+        past_key_values ([`TransformerXLState`], *optional*):
+            Memories to continue from, returned unless `use_cache=False`.
+    """
+
+    last_hidden_state: torch.FloatTensor | None = None
+    past_key_values: TransformerXLState | None = None
+
+
+@dataclass
+class TransformerXLCausalLMOutput(ModelOutput):
+    """
+    Args:
+        loss (`torch.FloatTensor` of shape `()`, *optional*):
+            Causal language-modelling loss over the whole input, when `labels` is given.
+        logits (`torch.FloatTensor` of shape `(batch_size, sequence_length, vocab_size)`, *optional*):
+            Next-token scores. Omitted when `labels` is given, unless `return_logits=True`.
+        past_key_values ([`TransformerXLState`], *optional*):
+            Memories to continue from, returned unless `use_cache=False`.
+    """
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    past_key_values: TransformerXLState | None = None
+
+
+class TransformerXLPreTrainedModel(PreTrainedModel):
+    config_class = TransformerXLConfig
+    base_model_prefix = "transformer"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["TransformerXLLayer"]
+    _is_stateful = True
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # generate() must not hand us a DynamicCache: the model creates and returns its own TransformerXLState.
+        return False
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        std = self.config.initializer_range
+        for name in ("r_w_bias", "r_r_bias"):
+            if isinstance(getattr(module, name, None), nn.Parameter):
+                init.normal_(getattr(module, name), mean=0.0, std=std)
+
+
+class TransformerXLModel(TransformerXLPreTrainedModel):
+    """Transformer-XL decoder; returns the last layer's output at every input position."""
+
+    def __init__(self, config: TransformerXLConfig):
+        super().__init__(config)
+        config.check_transformer_xl_settings()
+        self.word_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.drop = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList([TransformerXLLayer(config) for _ in range(config.n_layer)])
+        if not config.untie_r:
+            # u and v shared by every layer.
+            self.r_w_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
+            self.r_r_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
+        # Pre-norm layers leave the residual stream unnormalised; post-norm layers end with a layer norm already.
+        self.ln_f = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon) if config.pre_lnorm else None
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.word_emb
+
+    def set_input_embeddings(self, new_embeddings: nn.Embedding) -> None:
+        self.word_emb = new_embeddings
+
+    def _biases(self, layer: TransformerXLLayer) -> tuple[torch.Tensor, torch.Tensor]:
+        owner = layer.attn if self.config.untie_r else self
+        return owner.r_w_bias, owner.r_r_bias
+
+    def _position_keys(self, state: TransformerXLState, distances: int, device: torch.device) -> list[torch.Tensor]:
+        """Every layer's position keys for distances `distances - 1` down to 0, (head, distances, d_head) each.
+
+        Descending, so that the keys a segment needs, distances `klen - 1` .. 0, are the last `klen` columns: a view.
+        """
+        reuse = not torch.is_grad_enabled()
+        cached = state.position_keys
+        if reuse and cached is not None and cached[0].shape[1] >= distances:
+            return cached
+        clamp = self.config.clamp_len
+        steps = torch.arange(distances - 1, -1, -1, device=device)
+        encodings = sinusoidal_position_encoding(
+            steps if clamp is None else steps.clamp(max=clamp), self.config.d_model
+        )
+        encodings = self.drop(encodings.to(self.word_emb.weight.dtype))
+        keys = [layer.attn.position_keys(encodings) for layer in self.layers]
+        state.position_keys = keys if reuse else None
+        return keys
+
+    def _allowed(self, valid: torch.Tensor, q: int) -> torch.Tensor:
+        """(rows, 1, q, slots + q) bool: causal over memory + segment, valid memory slots only, and with
+        `same_length` at most `mem_len` positions back. Every query sees itself, so no row is empty."""
+        slots = valid.shape[1]
+        query = torch.arange(q, device=valid.device)[:, None]
+        key = torch.arange(slots + q, device=valid.device)[None, :]
+        distance = slots + query - key  # (q, klen)
+        allowed = distance >= 0
+        if self.config.same_length:
+            allowed = allowed & (distance <= self.config.mem_len)
+        key_valid = torch.cat([valid, valid.new_ones(valid.shape[0], q)], dim=1)  # (rows, klen)
+        return (allowed[None] & key_valid[:, None, :])[:, None]
+
+    def _segment(
+        self, embeds: torch.Tensor, memory: _Memory, position_keys: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, _Memory]:
+        """One segment: (rows, q, d_model) scaled embeddings -> (rows, q, d_model) outputs and the next memory."""
+        rows, q = embeds.shape[:2]
+        slots, klen, keep = memory.slots(), memory.slots() + q, min(self.config.mem_len, memory.slots() + q)
+        allowed = self._allowed(memory.valid, q)
+        # With gradients on, memory keys/values are recomputed from the (detached) memories so that the projections
+        # learn from them, as in the paper; otherwise the cached ones are the same numbers.
+        recompute = torch.is_grad_enabled() and slots > 0
+        hidden = self.drop(embeds)
+        mems, keys, values = [], [], []
+        for i, layer in enumerate(self.layers):
+            memory_kv = layer.attn.key_value(memory.mems[i]) if recompute else (memory.keys[i], memory.values[i])
+            layer_position_keys = _last_slots(position_keys[i], klen, 1)  # distances klen - 1 .. 0
+            output, key, value = layer(hidden, memory_kv, layer_position_keys, allowed, *self._biases(layer))
+            mems.append(_last_slots(torch.cat([memory.mems[i], hidden], dim=1), keep, 1).detach())
+            keys.append(_last_slots(torch.cat([memory_kv[0], key], dim=2), keep, 2).detach())
+            values.append(_last_slots(torch.cat([memory_kv[1], value], dim=2), keep, 2).detach())
+            hidden = output
+        if self.ln_f is not None:
+            hidden = self.ln_f(hidden)
+        valid = _last_slots(torch.cat([memory.valid, memory.valid.new_ones(rows, q)], dim=1), keep, 1)
+        return self.drop(hidden), _Memory(mems, keys, values, valid)
+
+    def _forward_segments(
+        self,
+        embeds: torch.Tensor,
+        real: torch.Tensor,
+        state: TransformerXLState,
+        shift_labels: torch.Tensor | None = None,
+        segment_head: Callable | None = None,
+    ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+        """Run (batch, length, d_model) embeddings segment by segment, advancing `state` in place.
+
+        Each row reads only its real tokens, as if its padding were not there: rows with the same number of real
+        tokens are gathered and run together, so segment boundaries and relative distances are those of the row
+        alone. Returns the (batch, length, d_model) outputs (zeros at padding; None when `segment_head` is given)
+        and what `segment_head(hidden, labels)` returned for every segment.
+        """
+        batch, length = real.shape
+        mem_len, segment_length = self.config.mem_len, self.config.segment_length
+        if state.memory.slots() > mem_len:
+            # mem_len may have been lowered since the state was made (evaluating with another memory length).
+            state.memory = state.memory.keep_last(mem_len)
+        position_keys = self._position_keys(state, mem_len + min(segment_length, length), embeds.device)
+        outputs = None if segment_head is not None else embeds.new_zeros(batch, length, self.config.d_model)
+        heads = []
+        embeds = embeds * math.sqrt(self.config.d_model)
+        if bool(real.all()):
+            groups = [(None, None)]
+        else:
+            counts = real.sum(1)
+            groups = []
+            for count in counts.unique().tolist():
+                if count:
+                    rows = (counts == count).nonzero()[:, 0]
+                    groups.append((rows, real[rows].nonzero()[:, 1].view(len(rows), count)))
+        for rows, cols in groups:
+            group_embeds = embeds if rows is None else embeds[rows[:, None], cols]
+            group_labels = shift_labels if rows is None or shift_labels is None else shift_labels[rows[:, None], cols]
+            memory = state.memory if rows is None else state.memory.select(rows)
+            hidden = []
+            for start in range(0, group_embeds.shape[1], segment_length):
+                stop = start + segment_length
+                segment_hidden, memory = self._segment(group_embeds[:, start:stop], memory, position_keys)
+                if segment_head is not None:
+                    heads.append(segment_head(segment_hidden, group_labels[:, start:stop].contiguous()))
+                else:
+                    hidden.append(segment_hidden)
+            state.update_rows(rows, memory)
+            if outputs is not None:
+                hidden = torch.cat(hidden, dim=1)
+                if rows is None:
+                    outputs = hidden
+                else:
+                    outputs[rows[:, None], cols] = hidden
+        state.seen_tokens += length
+        return outputs, heads
+
+    def _prepare(
+        self,
+        input_ids: torch.LongTensor | None,
+        attention_mask: torch.Tensor | None,
+        past_key_values: TransformerXLState | None,
+        inputs_embeds: torch.Tensor | None,
+        kwargs: dict,
+    ) -> tuple[torch.Tensor, torch.Tensor, TransformerXLState]:
+        """Validate the inputs; return the new positions' embeddings, their real-token mask and the state."""
+        # Adapted from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2Model._prepare: model
+        # folders must stay self-contained, so the shared input contract is restated here.
+        for name in ("position_ids", "token_type_ids"):
+            if kwargs.get(name) is not None:
+                raise ValueError(f"{name} cannot be passed to Transformer-XL (positions are relative)")
+        for name in ("output_attentions", "output_hidden_states"):
+            if kwargs.get(name):
+                raise ValueError(f"{name}=True is not supported by Transformer-XL")
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            if input_ids.dim() != 2:
+                raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
+            inputs_embeds = self.word_emb(input_ids)
+        batch, length = inputs_embeds.shape[:2]
+        if length == 0:
+            raise ValueError("The input is empty (length 0)")
+        if past_key_values is None:
+            past_key_values = TransformerXLState(self.config, batch, inputs_embeds.device, inputs_embeds.dtype)
+        elif not isinstance(past_key_values, TransformerXLState):
+            raise TypeError(
+                f"past_key_values must be a TransformerXLState returned by this model, got {type(past_key_values).__name__}"
+            )
+        elif past_key_values.batch_size != batch:
+            raise ValueError(
+                f"past_key_values holds {past_key_values.batch_size} rows but the input has batch size {batch}"
+            )
+        if attention_mask is None:
+            real = torch.ones(batch, length, dtype=torch.bool, device=inputs_embeds.device)
+        else:
+            if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] < length:
+                raise ValueError(
+                    f"attention_mask must be (batch, length) for the new tokens or (batch, past + length) as "
+                    f"generate() passes it; got shape {tuple(attention_mask.shape)} for input of shape "
+                    f"{(batch, length)}"
+                )
+            real = attention_mask[:, -length:].to(device=inputs_embeds.device, dtype=torch.bool)
+        return inputs_embeds, real, past_key_values
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: TransformerXLState | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        use_cache: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> TransformerXLModelOutput:
+        r"""
+        Args:
+            input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`):
+                Token ids; with `past_key_values`, only the new tokens. Read in segments of `segment_length`.
+            attention_mask (`torch.Tensor` of shape `(batch_size, sequence_length)`, *optional*):
+                1 for real tokens, 0 for padding (anywhere). A row reads only its real tokens, so padding never
+                changes real tokens' outputs. May also cover the past tokens, as `generate()` passes it; then its
+                last `sequence_length` columns are used.
+            past_key_values ([`TransformerXLState`], *optional*):
+                Memories returned by a previous call. Continuing is exact when the earlier calls' lengths are
+                multiples of `segment_length` (the one-shot forward would have cut the segments there too).
+            inputs_embeds (`torch.FloatTensor` of shape `(batch_size, sequence_length, d_model)`, *optional*):
+                Token embeddings (before the `sqrt(d_model)` scaling) instead of `input_ids`.
+            use_cache (`bool`, *optional*, defaults to `True`):
+                Whether to return the state. `config.use_cache` is not consulted: `Trainer` switches it off, and a
+                recurrent model's state is part of its result.
+        """
+        inputs_embeds, real, state = self._prepare(input_ids, attention_mask, past_key_values, inputs_embeds, kwargs)
+        hidden, _ = self._forward_segments(inputs_embeds, real, state)
+        output = TransformerXLModelOutput(
+            last_hidden_state=hidden, past_key_values=state if use_cache is not False else None
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+
+class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
+    """Transformer-XL with a softmax output layer tied to the input embeddings.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from hf_recurrence import TransformerXLConfig, TransformerXLLMHeadModel
+
+    >>> config = TransformerXLConfig(vocab_size=100, d_model=32, n_head=2, d_head=16, d_inner=64, n_layer=2,
+    ...     segment_length=8, mem_len=8)
+    >>> model = TransformerXLLMHeadModel(config)
+    >>> ids = torch.randint(0, 100, (2, 40))  # five segments
+    >>> model(ids, labels=ids).loss.shape
+    torch.Size([])
+
+    ```
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "transformer.word_emb.weight"}
+
+    def __init__(self, config: TransformerXLConfig):
+        super().__init__(config)
+        self.transformer = TransformerXLModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        # transformers picks the loss from the class-name suffix, which "LMHeadModel" is not.
+        self.loss_type = "ForCausalLM"
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.lm_head = new_embeddings
+
+    # Adapted from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2LMHeadModel (same loss
+    # and return_logits contract; model folders must stay self-contained).
+    def _loss(self, logits: torch.Tensor, shift_labels: torch.Tensor, num_items: torch.Tensor | int) -> torch.Tensor:
+        """Summed cross-entropy of already shifted labels, divided by the item count of the whole input."""
+        return self.loss_function(
+            logits, None, self.config.vocab_size, shift_labels=shift_labels, num_items_in_batch=num_items
+        )
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: TransformerXLState | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        return_logits: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> TransformerXLCausalLMOutput:
+        r"""
+        Args:
+            input_ids, attention_mask, past_key_values, inputs_embeds, use_cache:
+                As in [`TransformerXLModel.forward`].
+            labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+                Targets, usually `input_ids`; shifted inside the model (`-100` and padding positions are ignored).
+                The loss is computed segment by segment, so the `(tokens, vocab)` logits are never materialised
+                for it unless they are asked for.
+            return_logits (`bool`, *optional*):
+                Whether to return the logits. Defaults to `True` without `labels` and `False` with them.
+            num_items_in_batch (`int` or `torch.Tensor`, *optional*):
+                Passed by `Trainer` under gradient accumulation: the loss is summed and divided by it.
+        """
+        inputs_embeds, real, state = self.transformer._prepare(
+            input_ids, attention_mask, past_key_values, inputs_embeds, kwargs
+        )
+        keep_logits = labels is None if return_logits is None else return_logits
+        shift_labels = num_items = None
+        if labels is not None:
+            labels = labels.to(inputs_embeds.device)
+            shift_labels = nn.functional.pad(labels[:, 1:], (0, 1), value=-100).masked_fill(~real, -100)
+            num_items = kwargs.get("num_items_in_batch")
+            if num_items is None:
+                num_items = (shift_labels != -100).sum()
+
+        def segment_loss(hidden: torch.Tensor, segment_labels: torch.Tensor) -> torch.Tensor:
+            return self._loss(self.lm_head(hidden), segment_labels, num_items)  # (rows, q, vocab) logits, then freed
+
+        if labels is not None and not keep_logits:
+            _, losses = self.transformer._forward_segments(inputs_embeds, real, state, shift_labels, segment_loss)
+            logits, loss = None, torch.stack(losses).sum()
+        else:
+            hidden, _ = self.transformer._forward_segments(inputs_embeds, real, state)
+            logits = self.lm_head(hidden) if keep_logits else None
+            loss = self._loss(logits, shift_labels, num_items) if labels is not None else None
+        output = TransformerXLCausalLMOutput(
+            loss=loss, logits=logits, past_key_values=state if use_cache is not False else None
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+
+__all__ = [
+    "TransformerXLLMHeadModel",
+    "TransformerXLModel",
+    "TransformerXLPreTrainedModel",
+    "TransformerXLState",
+]

@@ -1,0 +1,75 @@
+"""Registration, save/load round trips and trust_remote_code loading in a fresh interpreter."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+from hf_recurrence import TransformerXLConfig, TransformerXLLMHeadModel, TransformerXLModel
+
+from ...common import run_isolated_python, tiny_transformer_xl_config
+
+
+def test_auto_classes_resolve_to_ours():
+    kwargs = {k: v for k, v in tiny_transformer_xl_config().to_dict().items() if k != "model_type"}
+    config = AutoConfig.for_model("transformer_xl", **kwargs)
+    assert type(config) is TransformerXLConfig
+    assert type(AutoModel.from_config(config)) is TransformerXLModel
+    assert type(AutoModelForCausalLM.from_config(config)) is TransformerXLLMHeadModel
+
+
+def test_save_load_round_trip(tmp_path):
+    model = TransformerXLLMHeadModel(tiny_transformer_xl_config(clamp_len=5, untie_r=False)).eval()
+    model.save_pretrained(tmp_path)
+    files = {p.name for p in tmp_path.iterdir()}
+    assert {
+        "model.safetensors",
+        "config.json",
+        "configuration_transformer_xl.py",
+        "modeling_transformer_xl.py",
+    } <= files
+    saved_config = json.loads((tmp_path / "config.json").read_text())
+    assert saved_config["auto_map"] == {
+        "AutoConfig": "configuration_transformer_xl.TransformerXLConfig",
+        "AutoModel": "modeling_transformer_xl.TransformerXLModel",
+        "AutoModelForCausalLM": "modeling_transformer_xl.TransformerXLLMHeadModel",
+    }
+    assert saved_config["clamp_len"] == 5 and saved_config["untie_r"] is False
+
+    ids = torch.randint(0, 99, (2, 30))
+    for loader in (TransformerXLLMHeadModel, AutoModelForCausalLM):
+        loaded = loader.from_pretrained(tmp_path).eval()
+        assert type(loaded) is TransformerXLLMHeadModel
+        assert loaded.lm_head.weight is loaded.transformer.word_emb.weight
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+    base = AutoModel.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(base(ids).last_hidden_state, model.transformer(ids).last_hidden_state, rtol=0, atol=0)
+
+
+@pytest.mark.remote_code
+def test_trust_remote_code_in_a_fresh_interpreter_without_the_package(tmp_path):
+    model = TransformerXLLMHeadModel(tiny_transformer_xl_config()).eval()
+    checkpoint = tmp_path / "checkpoint"
+    model.save_pretrained(checkpoint)
+    ids = torch.randint(0, 99, (2, 40))
+    torch.save({"ids": ids, "logits": model(ids).logits}, tmp_path / "reference.pt")
+    code = f"""
+import torch
+from transformers import AutoModelForCausalLM
+try:
+    import hf_recurrence
+    raise SystemExit("hf_recurrence must not be importable here")
+except ImportError:
+    pass
+model = AutoModelForCausalLM.from_pretrained({str(checkpoint)!r}, trust_remote_code=True).eval()
+assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+reference = torch.load({str(tmp_path / "reference.pt")!r})
+torch.testing.assert_close(model(reference["ids"]).logits, reference["logits"], rtol=0, atol=0)
+generated = model.generate(reference["ids"][:, :4], max_new_tokens=40, min_new_tokens=40, do_sample=False)
+assert generated.shape == (2, 44)
+print("REMOTE_OK", type(model).__name__)
+"""
+    result = run_isolated_python(code, cwd=tmp_path, hf_home=tmp_path / "hf_home")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "REMOTE_OK TransformerXLLMHeadModel" in result.stdout
