@@ -7,7 +7,7 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerFast
 
-from hf_recurrence import RecurrentGPT2Config
+from hf_recurrence import InductiveBertConfig, RecurrentGPT2Config
 from hf_recurrence.data import python_stdlib_documents, train_byte_level_bpe
 
 
@@ -37,6 +37,23 @@ def tiny_recurrent_config(**overrides) -> RecurrentGPT2Config:
         **overrides,
     }
     return RecurrentGPT2Config(**kwargs)
+
+
+def tiny_inductive_bert_config(**overrides) -> InductiveBertConfig:
+    """A 2-layer, 32-wide I-BERT over a 99-token vocabulary (id 0 is padding), without dropout."""
+    kwargs = {
+        "vocab_size": 99,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 37,
+        "max_position_embeddings": 64,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "pad_token_id": 0,
+        **overrides,
+    }
+    return InductiveBertConfig(**kwargs)
 
 
 @cache

@@ -95,14 +95,10 @@ class InductiveBertConfig(BertConfig):
         self.check_inductive_bert_settings()
 
     def check_inductive_bert_settings(self) -> None:
-        """Raise `ValueError` naming the first invalid field and its value."""
-        for name in ABLATION_FIELDS:
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise ValueError(f"{name} must be True or False, got {name}={value!r}")
+        """Raise `ValueError` naming the first invalid field and its value (`@strict` already checked the types)."""
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {name}={value!r}")
         if self.hidden_size % 2:
             raise ValueError(

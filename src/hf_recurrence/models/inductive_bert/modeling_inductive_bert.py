@@ -274,7 +274,25 @@ class IBertModel(IBertPreTrainedModel):
 
 
 class IBertForMaskedLM(IBertPreTrainedModel):
-    """I-BERT with BERT's masked-language-modeling head (`cls.predictions`, tied to the word embeddings)."""
+    r"""
+    I-BERT with BERT's masked-language-modeling head (`cls.predictions`, tied to the word embeddings). This is
+    `hf_recurrence.IBertForMaskedLM`, not transformers' Integer-BERT class of the same name.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from hf_recurrence import IBertForMaskedLM, InductiveBertConfig
+
+    >>> config = InductiveBertConfig(
+    ...     vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37
+    ... )
+    >>> model = IBertForMaskedLM(config).eval()
+    >>> ids = torch.randint(1, 99, (2, 1000))  # twice BERT's default position table: there is no length limit
+    >>> model(ids).logits.shape
+    torch.Size([2, 1000, 99])
+
+    ```"""
 
     _tied_weights_keys = {
         "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
@@ -311,13 +329,7 @@ class IBertForMaskedLM(IBertPreTrainedModel):
             Token ids to predict at masked positions; -100 elsewhere (as `DataCollatorForLanguageModeling` makes).
         """
         outputs = self.bert(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            return_dict=True,
-            **kwargs,
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs
         )
         logits = self.cls(outputs.last_hidden_state)  # (batch, seq, vocab)
         loss = None
@@ -356,13 +368,7 @@ class IBertForSequenceClassification(IBertPreTrainedModel):
             Class indices, or float targets for regression (`num_labels == 1`) and multi-label classification.
         """
         outputs = self.bert(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            return_dict=True,
-            **kwargs,
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs
         )
         logits = self.classifier(self.dropout(outputs.pooler_output))  # (batch, num_labels)
         loss = None
@@ -401,13 +407,7 @@ class IBertForTokenClassification(IBertPreTrainedModel):
             Class index per token; -100 where no label applies.
         """
         outputs = self.bert(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            return_dict=True,
-            **kwargs,
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs
         )
         logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (batch, seq, num_labels)
         loss = None
