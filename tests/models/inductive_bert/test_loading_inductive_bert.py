@@ -29,6 +29,7 @@ from hf_recurrence import (
 )
 
 from ...common import run_isolated_python, tiny_inductive_bert_config
+from .tokenizer import word_level_tokenizer
 
 
 AUTO_CLASSES = {
@@ -108,11 +109,11 @@ def test_minilm_encoder_loads_and_fill_mask_pipeline_runs():
     assert [c["score"] for c in candidates] == sorted((c["score"] for c in candidates), reverse=True)
 
 
-def test_text_classification_pipeline_runs_on_a_tiny_model():
-    tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
-    config = tiny_inductive_bert_config(vocab_size=tokenizer.vocab_size, num_labels=2)
+def test_classification_pipelines_run_on_a_tiny_model():
+    tokenizer = word_level_tokenizer()
+    config = tiny_inductive_bert_config(num_labels=2)
     classify = pipeline("text-classification", model=IBertForSequenceClassification(config), tokenizer=tokenizer)
-    texts = ["a short sentence", "a somewhat longer sentence, with a clause and more words"]
+    texts = ["w5 w6 w7", "w8 w9 w10 w11 w12 w13 w14 w15"]
     batched = classify(texts, batch_size=2)
     assert all(r["label"] in {"LABEL_0", "LABEL_1"} for r in batched)
     # The shorter text is padded in the batch; padding must not change its result.
@@ -120,6 +121,10 @@ def test_text_classification_pipeline_runs_on_a_tiny_model():
         alone = classify(text)[0]
         assert result["label"] == alone["label"]
         assert result["score"] == pytest.approx(alone["score"], abs=1e-5)
+
+    tag = pipeline("token-classification", model=IBertForTokenClassification(config), tokenizer=tokenizer)
+    entities = tag("w5 w6 w7")
+    assert [e["word"] for e in entities] == ["w5", "w6", "w7"]
 
 
 def test_auto_classes_resolve_to_ours_and_not_to_integer_bert():

@@ -1,24 +1,12 @@
 """The stock Trainer with DataCollatorForLanguageModeling trains I-BERT's masked-LM head."""
 
 import torch
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import WhitespaceSplit
-from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast, Trainer, TrainingArguments
+from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
 from hf_recurrence import IBertForMaskedLM
 
 from ...common import tiny_inductive_bert_config
-
-
-def word_level_tokenizer(vocab_size: int = 99) -> PreTrainedTokenizerFast:
-    """Whitespace words `w3 .. w98` plus [PAD]=0, [MASK]=1, [UNK]=2: enough for the MLM collator."""
-    vocab = {"[PAD]": 0, "[MASK]": 1, "[UNK]": 2} | {f"w{i}": i for i in range(3, vocab_size)}
-    tokenizer = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = WhitespaceSplit()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="[PAD]", mask_token="[MASK]", unk_token="[UNK]"
-    )
+from .tokenizer import word_level_tokenizer
 
 
 def test_trainer_with_mlm_collator_lowers_the_loss_on_a_repeated_batch(tmp_path):
