@@ -67,6 +67,12 @@ def test_position_ids_without_position_embeddings_are_refused():
         model(torch.randint(1, 99, (1, 4)), position_ids=torch.arange(4)[None])
 
 
+def test_four_dimensional_attention_masks_are_refused():
+    model = IBertModel(tiny_inductive_bert_config())
+    with pytest.raises(ValueError, match=r"got shape \(1, 1, 4, 4\)"):
+        model(torch.randint(1, 99, (1, 4)), attention_mask=torch.ones(1, 1, 4, 4))
+
+
 def test_lstm_feed_forward_switch_puts_an_lstm_in_every_layer():
     model = IBertModel(tiny_inductive_bert_config(num_hidden_layers=3, lstm_feed_forward=True))
     assert sum(isinstance(m, nn.LSTM) for m in model.modules()) == 1 + 3

@@ -27,14 +27,10 @@ from transformers.models.bert.modeling_bert import (
     BertPooler,
     BertSelfAttention,
 )
-from transformers.utils import logging
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_inductive_bert import InductiveBertConfig
-
-
-logger = logging.get_logger(__name__)
 
 
 def bidirectional_lstm(lstm: nn.LSTM, hidden_states: torch.Tensor, padding_mask: torch.Tensor | None) -> torch.Tensor:
@@ -256,6 +252,11 @@ class IBertModel(IBertPreTrainedModel):
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Specify exactly one of input_ids or inputs_embeds")
+        if attention_mask is not None and attention_mask.dim() != 2:
+            # The LSTM packs each row's real tokens, which a 2-D padding mask defines and a 4-D attention mask may not.
+            raise ValueError(
+                f"attention_mask must be a (batch, seq) padding mask, got shape {tuple(attention_mask.shape)}"
+            )
         embedding_output = self.embeddings(
             input_ids=input_ids,
             token_type_ids=token_type_ids,
