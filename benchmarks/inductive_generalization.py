@@ -87,8 +87,12 @@ def main() -> None:
 def docs_section(args: argparse.Namespace, info: str, report: dict, table: str) -> str:
     if args.results_dir is None:
         origin = f"`{command_line()}`, which runs\n`python {SCRIPT.relative_to(REPO_ROOT)} {' '.join(CPU_RUN)}`"
+        machine = f"Machine: {info}; {load_at_end()}. {args.note}"
     else:
-        origin = f"`{report['command']}`, rendered by `{command_line()}`"
+        origin = (
+            f"`{report['command']}`, rendered by `python benchmarks/inductive_generalization.py --results-dir DIR`"
+        )
+        machine = f"Run: {args.note}\n\nRendered on: {info}."
     return f"""## Inductive generalization on NSP Add (paper Figure 4a)
 
 Goal: the paper's shape, I-BERT well above BERT on difficulties never seen in training, BERT near zero. Sequence
@@ -98,7 +102,7 @@ sequences per validation difficulty and 384 fresh sequences per training difficu
 
 {origin}
 
-Machine: {info}; {load_at_end()}. {args.note}
+{machine}
 
 {table}
 
