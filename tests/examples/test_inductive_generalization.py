@@ -28,4 +28,5 @@ def test_run_inductive_generalization(tmp_path):
     for result in report["results"].values():
         assert set(result["sequence_accuracy"]) == {"2", "3", "4", "5", "6"}  # JSON keys are strings
         assert all(0.0 <= accuracy <= 1.0 for accuracy in result["sequence_accuracy"].values())
+        assert set(result["digit_loss"]) == {"train", "validation"}
     assert (tmp_path / "accuracy_vs_difficulty.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
