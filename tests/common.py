@@ -9,7 +9,8 @@ import torch
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerFast
 
-from hf_recurrence import RecurrentGPT2Config, TransformerXLConfig
+
+from hf_recurrence import InductiveBertConfig, RecurrentGPT2Config, TransformerXLConfig
 from hf_recurrence.data import python_stdlib_documents, train_byte_level_bpe
 
 
@@ -73,6 +74,23 @@ class RandomBlocks(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def tiny_inductive_bert_config(**overrides) -> InductiveBertConfig:
+    """A 2-layer, 32-wide I-BERT over a 99-token vocabulary (id 0 is padding), without dropout."""
+    kwargs = {
+        "vocab_size": 99,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 37,
+        "max_position_embeddings": 64,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "pad_token_id": 0,
+        **overrides,
+    }
+    return InductiveBertConfig(**kwargs)
 
 
 @cache

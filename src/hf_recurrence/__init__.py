@@ -6,6 +6,12 @@ Importing the package registers its model families with the transformers Auto cl
 __version__ = "0.1.0"
 
 from .models import (
+    IBertForMaskedLM,
+    IBertForSequenceClassification,
+    IBertForTokenClassification,
+    IBertModel,
+    IBertPreTrainedModel,
+    InductiveBertConfig,
     RecurrentGPT2Config,
     RecurrentGPT2LMHeadModel,
     RecurrentGPT2Model,
@@ -20,6 +26,12 @@ from .models import (
 
 
 __all__ = [
+    "IBertForMaskedLM",
+    "IBertForSequenceClassification",
+    "IBertForTokenClassification",
+    "IBertModel",
+    "IBertPreTrainedModel",
+    "InductiveBertConfig",
     "RecurrentGPT2Config",
     "RecurrentGPT2LMHeadModel",
     "RecurrentGPT2Model",

@@ -1,5 +1,13 @@
 """Model families. Importing this package registers every family with the transformers Auto classes."""
 
+from .inductive_bert import (
+    IBertForMaskedLM,
+    IBertForSequenceClassification,
+    IBertForTokenClassification,
+    IBertModel,
+    IBertPreTrainedModel,
+    InductiveBertConfig,
+)
 from .recurrent_gpt2 import (
     RecurrentGPT2Config,
     RecurrentGPT2LMHeadModel,

@@ -1,0 +1,114 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Inductive generalization on NSP Add (Nam et al. 2020, Figure 4a): I-BERT vs I-BERT+PE vs BERT, trained on
+d = 2..12 and validated on d = 13..16, at a CPU size. Runs the example script, then records its table and plot.
+
+Run (about 40 minutes on 2 shared CPU cores):
+
+    OMP_NUM_THREADS=1 python benchmarks/inductive_generalization.py [--write-docs] [-- extra example flags]
+
+`--results-dir DIR` skips training and renders a finished run of
+`examples/inductive_generalization/run_inductive_generalization.py` (its `results.json` and PNG) instead.
+"""
+
+import argparse
+import importlib.util
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from _common import REPO_ROOT, command_line, load_at_end, machine_info, markdown_table, setup, write_section
+
+
+SCRIPT = REPO_ROOT / "examples" / "inductive_generalization" / "run_inductive_generalization.py"
+IMAGE = REPO_ROOT / "docs" / "images" / "inductive_generalization_add.png"
+CPU_RUN = [
+    "--task", "add", "--models", "ibert,bert,ibert_pe",
+    "--hidden_size", "64", "--num_hidden_layers", "2", "--num_attention_heads", "4", "--intermediate_size", "256",
+    "--per_device_train_batch_size", "32", "--per_device_eval_batch_size", "128",
+    "--learning_rate", "1e-3", "--warmup_steps", "100", "--max_steps", "1800", "--logging_steps", "100",
+    "--seed", "0", "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true",
+]  # fmt: skip
+# Paper, Figure 4a (BERT-base sizes, 50 epochs, GPU): I-BERT's validation sequence accuracy per difficulty.
+PAPER_IBERT = {13: 0.917, 14: 0.813, 15: 0.661, 16: 0.359}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results-dir", type=Path, help="render this finished run instead of training")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--write-docs", action="store_true", help="write the section and the plot into docs/")
+    parser.add_argument("--note", default="", help="a sentence about the run, e.g. the load seen while it ran")
+    parser.add_argument("extra", nargs="*", help="flags passed on to the example script after `--`")
+    return parser.parse_args()
+
+
+def run_example(output_dir: Path, extra: list[str]) -> None:
+    spec = importlib.util.spec_from_file_location("run_inductive_generalization", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main([*CPU_RUN, *extra, "--output_dir", str(output_dir)])
+
+
+def results_table(report: dict) -> str:
+    train_d, validation_d = report["train_difficulties"], report["validation_difficulties"]
+    rows = []
+    for result in report["results"].values():
+        accuracy = {int(d): a for d, a in result["sequence_accuracy"].items()}
+        seen = sum(accuracy[d] for d in train_d) / len(train_d)
+        rows.append(
+            [result["label"], f"{result['parameters']:,}", f"{result['train_runtime_s'] / 60:.1f}", f"{seen:.3f}"]
+            + [f"{accuracy[d]:.3f}" for d in validation_d]
+        )
+    rows.append(
+        ["I-BERT, paper (BERT-base, 50 epochs)", "", "", "about 1"] + [f"{PAPER_IBERT[d]}" for d in validation_d]
+    )
+    headers = ["model", "parameters", "training (min)", f"d {train_d[0]}..{train_d[-1]} (mean)"]
+    return markdown_table(headers + [f"d={d}" for d in validation_d], rows)
+
+
+def main() -> None:
+    args = parse_args()
+    setup(0, args.threads)
+    info = machine_info()
+    with tempfile.TemporaryDirectory() as scratch:
+        results_dir = args.results_dir or Path(scratch)
+        if args.results_dir is None:
+            run_example(results_dir, args.extra)
+        report = json.loads((results_dir / "results.json").read_text())
+        table = results_table(report)
+        print(table)
+        if args.write_docs:
+            IMAGE.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(results_dir / "accuracy_vs_difficulty.png", IMAGE)
+            write_section("inductive_generalization", docs_section(args, info, report, table))
+
+
+def docs_section(args: argparse.Namespace, info: str, report: dict, table: str) -> str:
+    if args.results_dir is None:
+        origin = f"`{command_line()}`, which runs\n`python {SCRIPT.relative_to(REPO_ROOT)} {' '.join(CPU_RUN)}`"
+        machine = f"Machine: {info}; {load_at_end()}. {args.note}"
+    else:
+        origin = (
+            f"`{report['command']}`, rendered by `python benchmarks/inductive_generalization.py --results-dir DIR`"
+        )
+        machine = f"Run: {args.note}\n\nRendered on: {info}."
+    return f"""## Inductive generalization on NSP Add (paper Figure 4a)
+
+Goal: the paper's shape, I-BERT well above BERT on difficulties never seen in training, BERT near zero. Sequence
+accuracy (every answer digit right) per difficulty d; training on d = 2..12, validation on d = 13..16, 384
+sequences per validation difficulty and 384 fresh sequences per training difficulty. Details, format and discussion:
+[experiments/inductive_generalization.md](experiments/inductive_generalization.md).
+
+{origin}
+
+{machine}
+
+{table}
+
+![sequence accuracy vs difficulty](images/{IMAGE.name})
+"""
+
+
+if __name__ == "__main__":
+    main()
