@@ -9,7 +9,6 @@ import torch
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerFast
 
-
 from hf_recurrence import InductiveBertConfig, RecurrentGPT2Config, TransformerXLConfig
 from hf_recurrence.data import python_stdlib_documents, train_byte_level_bpe
 
