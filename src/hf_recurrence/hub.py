@@ -89,9 +89,7 @@ FAMILIES: dict[str, FamilyCard] = {
         ),
         pipeline_tag="fill-mask",
         auto_class="AutoModelForMaskedLM",
-        # TODO(issue 6): the position-embedding and every-block-LSTM switch names, once the inductive_bert family
-        # is merged.
-        settings=(),
+        settings=("use_position_embeddings", "lstm_feed_forward"),
     ),
     "transformer_xl": FamilyCard(
         name="Transformer-XL",

@@ -5,9 +5,10 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from hf_recurrence import RecurrentGPT2LMHeadModel
+from hf_recurrence import IBertForMaskedLM, RecurrentGPT2LMHeadModel, TransformerXLLMHeadModel
 
-from ..common import stdlib_tokenizer, tiny_recurrent_config
+from ..common import stdlib_tokenizer, tiny_inductive_bert_config, tiny_recurrent_config, tiny_transformer_xl_config
+from ..models.inductive_bert.tokenizer import word_level_tokenizer
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,28 @@ def tiny_recurrent_gpt2() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     return RecurrentGPT2LMHeadModel(config).eval(), tokenizer
 
 
+def tiny_inductive_bert() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    return IBertForMaskedLM(tiny_inductive_bert_config()).eval(), word_level_tokenizer()
+
+
+def tiny_transformer_xl() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    tokenizer = stdlib_tokenizer()
+    config = tiny_transformer_xl_config(vocab_size=len(tokenizer))
+    return TransformerXLLMHeadModel(config).eval(), tokenizer
+
+
 HUB_FAMILIES = [
+    HubFamily(
+        model_type="inductive_bert",
+        make=tiny_inductive_bert,
+        auto_class="AutoModelForMaskedLM",
+        pipeline_task="fill-mask",
+        pipeline_inputs="w5 w17 [MASK] w42 w8",
+        pipeline_kwargs={"top_k": 3},
+        # Longer than the unused 64-entry position table: I-BERT has no length limit.
+        reference_length=80,
+        invalid_setting=("hidden_size", 31),
+    ),
     HubFamily(
         model_type="recurrent_gpt2",
         make=tiny_recurrent_gpt2,
@@ -46,5 +68,16 @@ HUB_FAMILIES = [
         reference_length=48,
         invalid_setting=("window_size", 0),
         context_limit=lambda config: config.n_positions,
+    ),
+    HubFamily(
+        model_type="transformer_xl",
+        make=tiny_transformer_xl,
+        auto_class="AutoModelForCausalLM",
+        pipeline_task="text-generation",
+        pipeline_inputs="def read_segments(path):",
+        pipeline_kwargs={"max_new_tokens": 40, "min_new_tokens": 40, "do_sample": False, "return_tensors": True},
+        reference_length=40,
+        invalid_setting=("mem_len", -1),
+        context_limit=lambda config: config.segment_length + config.mem_len,
     ),
 ]
