@@ -62,10 +62,10 @@ class PretrainingSettings:
     n_embd: int = 192
     n_layer: int = 4
     n_head: int = 4
-    max_steps: int = 300
-    batch_size: int = 8
-    learning_rate: float = 2e-3
-    warmup_steps: int = 30
+    max_steps: int = 1000
+    batch_size: int = 16
+    learning_rate: float = 1e-3
+    warmup_steps: int = 100
     seed: int = 0
 
 

@@ -31,7 +31,7 @@ class ReproductionSettings:
     recurrent_overlap_fractions: Sequence[float] = (0.0,)
     block_tokens: int = 256  # tokens per training example: a block of block_tokens // window_size windows
     batch_size: int = 4  # blocks per step (the baseline gets the same blocks cut into windows)
-    max_steps: int = 150
+    max_steps: int = 200
     learning_rate: float = 1e-3
     warmup_steps: int = 20
     eval_documents: int | None = None  # None: every held-out document
