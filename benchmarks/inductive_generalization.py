@@ -2,7 +2,7 @@
 """Inductive generalization on NSP Add (Nam et al. 2020, Figure 4a): I-BERT vs I-BERT+PE vs BERT, trained on
 d = 2..12 and validated on d = 13..16, at a CPU size. Runs the example script, then records its table and plot.
 
-Run (about 40 minutes on 2 shared CPU cores):
+Run (about 30 minutes on 2 CPU cores with one thread):
 
     OMP_NUM_THREADS=1 python benchmarks/inductive_generalization.py [--write-docs] [-- extra example flags]
 
@@ -26,7 +26,7 @@ CPU_RUN = [
     "--task", "add", "--models", "ibert,bert,ibert_pe",
     "--hidden_size", "64", "--num_hidden_layers", "2", "--num_attention_heads", "4", "--intermediate_size", "256",
     "--per_device_train_batch_size", "32", "--per_device_eval_batch_size", "128",
-    "--learning_rate", "1e-3", "--warmup_steps", "100", "--max_steps", "1800", "--logging_steps", "100",
+    "--learning_rate", "1e-3", "--warmup_steps", "200", "--max_steps", "6000", "--logging_steps", "500",
     "--seed", "0", "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true",
 ]  # fmt: skip
 # Paper, Figure 4a (BERT-base sizes, 50 epochs, GPU): I-BERT's validation sequence accuracy per difficulty.

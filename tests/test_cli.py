@@ -10,7 +10,7 @@ from hf_recurrence import RecurrentGPT2LMHeadModel
 from hf_recurrence.cli import COMMANDS, build_parser, main
 from hf_recurrence.commands.reproduce import PRESETS, settings_from_args
 from hf_recurrence.pretraining import default_model_path
-from hf_recurrence.reproduction import ReproductionSettings
+from hf_recurrence.reproduction import ReproductionSettings, findings
 
 from .common import TINY_GPT2, stdlib_tokenizer
 
@@ -99,3 +99,21 @@ def test_reproduce_smoke_runs_end_to_end(tmp_path, capsys):
     assert (out / "perplexity_vs_flops.png").stat().st_size > 0
     assert "recurrent" in (out / "results.md").read_text()
     assert "vs baseline" in printed
+
+
+def test_findings_check_the_papers_two_claims():
+    def row(model, overlap, perplexity):
+        return {
+            "model": model,
+            "window_size": 32,
+            "overlap": overlap,
+            "perplexity": perplexity,
+            "flops_per_token": 32 / (32 - overlap),
+        }
+
+    rows = [row("baseline", 0, 100.0), row("baseline", 4, 96.0), row("baseline", 8, 94.0), row("recurrent", 0, 97.0)]
+    same_overlap, matched = findings(rows)
+    assert same_overlap == "window 32, overlap 0: recurrent 97.00 vs baseline 100.00 (-3.0%)"
+    assert "overlap 0 is 4 (12% of the window, 1.14x the FLOPs/token): 96.00 vs 97.00" in matched
+    (_, unmatched) = findings([row("baseline", 0, 100.0), row("recurrent", 0, 90.0)])
+    assert "no baseline overlap up to 0 reaches" in unmatched

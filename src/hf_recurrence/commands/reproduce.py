@@ -5,7 +5,7 @@ stock Trainer at equal steps on the same tokens (the Python standard library's t
 held-out modules with windowed perplexity at several overlaps and window sizes. Prints the paper's Table 1/2-shaped
 comparison with FLOPs/token and writes results.json, results.md and the Figure 5-shaped perplexity_vs_flops.png.
 
-Presets: `default` (about 10-15 minutes on 2 CPU cores), `smoke` (seconds: a wiring check, numbers meaningless) and
+Presets: `default` (about 10 minutes on 2 idle CPU cores), `smoke` (seconds: a wiring check, numbers meaningless) and
 `paper` (GPT-2 small with 300-token windows and the paper's overlaps; for a GPU and a model from the Hub). Any option
 given explicitly overrides the preset.
 """
