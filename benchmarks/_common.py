@@ -68,6 +68,17 @@ def transformer_xl_dims(args: argparse.Namespace) -> dict[str, int]:
     return {name: getattr(args, name) for name in TRANSFORMER_XL_SHAPE}
 
 
+def run_or_render_arguments(description: str, threads: int, runs: str) -> argparse.Namespace:
+    """Arguments of a benchmark that runs a long job (or renders a finished one) and records it in the docs."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--results-dir", type=Path, help="render this finished run instead of running one")
+    parser.add_argument("--threads", type=int, default=threads)
+    parser.add_argument("--write-docs", action="store_true", help="write the section and the plot into docs/")
+    parser.add_argument("--note", default="", help="a sentence about the run, e.g. the load seen while it ran")
+    parser.add_argument("extra", nargs="*", help=f"flags passed on to {runs} after `--`")
+    return parser.parse_args()
+
+
 def setup(seed: int, threads: int) -> None:
     torch.manual_seed(seed)
     torch.set_num_threads(threads)

@@ -17,7 +17,16 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from _common import REPO_ROOT, command_line, load_at_end, machine_info, markdown_table, setup, write_section
+from _common import (
+    REPO_ROOT,
+    command_line,
+    load_at_end,
+    machine_info,
+    markdown_table,
+    run_or_render_arguments,
+    setup,
+    write_section,
+)
 
 
 SCRIPT = REPO_ROOT / "examples" / "inductive_generalization" / "run_inductive_generalization.py"
@@ -31,16 +40,6 @@ CPU_RUN = [
 ]  # fmt: skip
 # Paper, Figure 4a (BERT-base sizes, 50 epochs, GPU): I-BERT's validation sequence accuracy per difficulty.
 PAPER_IBERT = {13: 0.917, 14: 0.813, 15: 0.661, 16: 0.359}
-
-
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results-dir", type=Path, help="render this finished run instead of training")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--write-docs", action="store_true", help="write the section and the plot into docs/")
-    parser.add_argument("--note", default="", help="a sentence about the run, e.g. the load seen while it ran")
-    parser.add_argument("extra", nargs="*", help="flags passed on to the example script after `--`")
-    return parser.parse_args()
 
 
 def run_example(output_dir: Path, extra: list[str]) -> None:
@@ -68,7 +67,7 @@ def results_table(report: dict) -> str:
 
 
 def main() -> None:
-    args = parse_args()
+    args = run_or_render_arguments(__doc__.split("\n\n")[0], threads=1, runs="the example script")
     setup(0, args.threads)
     info = machine_info()
     with tempfile.TemporaryDirectory() as scratch:

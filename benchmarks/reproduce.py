@@ -7,13 +7,12 @@ paper's two claims checked on the numbers, the wall time and the perplexity-vs-F
     python benchmarks/reproduce.py --write-docs [-- extra reproduce flags]
 """
 
-import argparse
 import json
 import shutil
 import tempfile
 from pathlib import Path
 
-from _common import REPO_ROOT, load_at_end, machine_info, setup, write_section
+from _common import REPO_ROOT, load_at_end, machine_info, run_or_render_arguments, setup, write_section
 
 from hf_recurrence.cli import main as cli_main
 from hf_recurrence.evaluation import format_table
@@ -28,18 +27,8 @@ PAPER = (
 )
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results-dir", type=Path, help="render this finished run instead of running one")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--write-docs", action="store_true", help="write the section and the plot into docs/")
-    parser.add_argument("--note", default="", help="a sentence about the run, e.g. the load seen while it ran")
-    parser.add_argument("extra", nargs="*", help="flags passed on to `hf-recurrence reproduce` after `--`")
-    return parser.parse_args()
-
-
 def main() -> None:
-    args = parse_args()
+    args = run_or_render_arguments(__doc__.split("\n\n")[0], threads=2, runs="`hf-recurrence reproduce`")
     setup(0, args.threads)
     info = machine_info()
     with tempfile.TemporaryDirectory() as scratch:
