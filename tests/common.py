@@ -125,3 +125,40 @@ def run_isolated_python(
         text=True,
         timeout=timeout,
     )
+
+
+REMOTE_LOAD = """
+import torch
+import transformers
+try:
+    import hf_recurrence
+    raise SystemExit("hf_recurrence must not be importable here")
+except ImportError:
+    pass
+reference = torch.load({reference!r})
+model = getattr(transformers, {auto_class!r}).from_pretrained({checkpoint!r}, trust_remote_code=True).eval()
+assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+torch.testing.assert_close(model(**reference["inputs"]).logits, reference["logits"], rtol=0, atol=0)
+{checks}
+print("REMOTE_OK", type(model).__name__)
+"""
+
+
+def assert_loads_with_remote_code(
+    model, inputs: dict[str, torch.Tensor], tmp_path: Path, auto_class: str, checks: str = ""
+) -> None:
+    """Save `model`, load it with `auto_class` and trust_remote_code in a fresh interpreter where `hf_recurrence`
+    cannot be imported, and check it is the folder's copy of the class with exactly the same logits on `inputs`.
+
+    `checks`: more Python run there afterwards, with `model`, `reference` (`inputs`, `logits`) and `transformers`.
+    """
+    checkpoint = tmp_path / "checkpoint"
+    model.save_pretrained(checkpoint)
+    with torch.no_grad():
+        torch.save({"inputs": inputs, "logits": model(**inputs).logits}, tmp_path / "reference.pt")
+    code = REMOTE_LOAD.format(
+        reference=str(tmp_path / "reference.pt"), auto_class=auto_class, checkpoint=str(checkpoint), checks=checks
+    )
+    result = run_isolated_python(code, cwd=tmp_path, hf_home=tmp_path / "hf_home")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"REMOTE_OK {type(model).__name__}" in result.stdout

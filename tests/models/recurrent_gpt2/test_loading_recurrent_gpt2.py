@@ -8,7 +8,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from hf_recurrence import RecurrentGPT2Config, RecurrentGPT2LMHeadModel, RecurrentGPT2Model
 
-from ...common import REPO_ROOT, run_isolated_python, tiny_recurrent_config
+from ...common import assert_loads_with_remote_code, tiny_recurrent_config
 
 
 def test_auto_classes_resolve_to_ours():
@@ -49,27 +49,9 @@ def test_save_load_round_trip(tmp_path):
 @pytest.mark.remote_code
 def test_trust_remote_code_in_a_fresh_interpreter_without_the_package(tmp_path):
     model = RecurrentGPT2LMHeadModel(tiny_recurrent_config(window_overlap=3)).eval()
-    checkpoint = tmp_path / "checkpoint"
-    model.save_pretrained(checkpoint)
-    ids = torch.randint(0, 99, (2, 40))
-    torch.save({"ids": ids, "logits": model(ids).logits}, tmp_path / "reference.pt")
-    code = f"""
-import torch
-from transformers import AutoModelForCausalLM
-try:
-    import hf_recurrence
-    raise SystemExit("hf_recurrence must not be importable here")
-except ImportError:
-    pass
-model = AutoModelForCausalLM.from_pretrained({str(checkpoint)!r}, trust_remote_code=True).eval()
-assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
-reference = torch.load({str(tmp_path / "reference.pt")!r})
-torch.testing.assert_close(model(reference["ids"]).logits, reference["logits"], rtol=0, atol=0)
-generated = model.generate(reference["ids"][:, :4], max_new_tokens=40, do_sample=False)
+    generates = """
+generated = model.generate(reference["inputs"]["input_ids"][:, :4], max_new_tokens=40, do_sample=False)
 assert generated.shape == (2, 44)
-print("REMOTE_OK", type(model).__name__)
 """
-    result = run_isolated_python(code, cwd=tmp_path, hf_home=tmp_path / "hf_home")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "REMOTE_OK RecurrentGPT2LMHeadModel" in result.stdout
-    assert REPO_ROOT.exists()
+    inputs = {"input_ids": torch.randint(0, 99, (2, 40))}
+    assert_loads_with_remote_code(model, inputs, tmp_path, "AutoModelForCausalLM", checks=generates)

@@ -8,7 +8,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from hf_recurrence import TransformerXLConfig, TransformerXLLMHeadModel, TransformerXLModel
 
-from ...common import run_isolated_python, tiny_transformer_xl_config
+from ...common import assert_loads_with_remote_code, tiny_transformer_xl_config
 
 
 def test_auto_classes_resolve_to_ours():
@@ -50,26 +50,10 @@ def test_save_load_round_trip(tmp_path):
 @pytest.mark.remote_code
 def test_trust_remote_code_in_a_fresh_interpreter_without_the_package(tmp_path):
     model = TransformerXLLMHeadModel(tiny_transformer_xl_config()).eval()
-    checkpoint = tmp_path / "checkpoint"
-    model.save_pretrained(checkpoint)
-    ids = torch.randint(0, 99, (2, 40))
-    torch.save({"ids": ids, "logits": model(ids).logits}, tmp_path / "reference.pt")
-    code = f"""
-import torch
-from transformers import AutoModelForCausalLM
-try:
-    import hf_recurrence
-    raise SystemExit("hf_recurrence must not be importable here")
-except ImportError:
-    pass
-model = AutoModelForCausalLM.from_pretrained({str(checkpoint)!r}, trust_remote_code=True).eval()
-assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
-reference = torch.load({str(tmp_path / "reference.pt")!r})
-torch.testing.assert_close(model(reference["ids"]).logits, reference["logits"], rtol=0, atol=0)
-generated = model.generate(reference["ids"][:, :4], max_new_tokens=40, min_new_tokens=40, do_sample=False)
+    generates = """
+ids = reference["inputs"]["input_ids"][:, :4]
+generated = model.generate(ids, max_new_tokens=40, min_new_tokens=40, do_sample=False)
 assert generated.shape == (2, 44)
-print("REMOTE_OK", type(model).__name__)
 """
-    result = run_isolated_python(code, cwd=tmp_path, hf_home=tmp_path / "hf_home")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "REMOTE_OK TransformerXLLMHeadModel" in result.stdout
+    inputs = {"input_ids": torch.randint(0, 99, (2, 40))}
+    assert_loads_with_remote_code(model, inputs, tmp_path, "AutoModelForCausalLM", checks=generates)
