@@ -16,6 +16,11 @@ from hf_recurrence.data import python_stdlib_documents, train_byte_level_bpe
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SRC_ROOT = REPO_ROOT / "src"
 
+# For fp32 outputs of the same weights computed by different calls: a model against its reloaded copy (bit-identical
+# weights, but tensors read from safetensors can take another CPU kernel path, e.g. AVX-512 on AMD: ~1e-7 apart) or
+# against the stock model it extends. Exact equality stays for the same call on the same tensors.
+ACROSS_KERNELS = {"rtol": 1e-6, "atol": 1e-6}
+
 TINY_GPT2 = {
     "vocab_size": 99,
     "n_embd": 32,
@@ -138,7 +143,8 @@ except ImportError:
 reference = torch.load({reference!r})
 model = getattr(transformers, {auto_class!r}).from_pretrained({checkpoint!r}, trust_remote_code=True).eval()
 assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
-torch.testing.assert_close(model(**reference["inputs"]).logits, reference["logits"], rtol=0, atol=0)
+# The reloaded weights are bit-identical; another kernel path may move fp32 logits by ~1e-7 (see ACROSS_KERNELS).
+torch.testing.assert_close(model(**reference["inputs"]).logits, reference["logits"], rtol=1e-6, atol=1e-6)
 {checks}
 print("REMOTE_OK", type(model).__name__)
 """

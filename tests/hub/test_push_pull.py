@@ -64,7 +64,8 @@ repo_id, reference = {repo_id!r}, torch.load({reference!r})
 auto_class = getattr(transformers, {auto_class!r})
 model = auto_class.from_pretrained(repo_id, trust_remote_code=True).eval()
 assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
-torch.testing.assert_close(model(reference["input_ids"]).logits, reference["logits"], rtol=0, atol=0)
+# The pulled weights are bit-identical; another kernel path may move fp32 logits by ~1e-7 (see ACROSS_KERNELS).
+torch.testing.assert_close(model(reference["input_ids"]).logits, reference["logits"], rtol=1e-6, atol=1e-6)
 pipe = transformers.pipeline({task!r}, model=repo_id, trust_remote_code=True)
 assert type(pipe.model).__module__.startswith("transformers_modules."), type(pipe.model).__module__
 output = pipe({inputs!r}, **{kwargs!r})
