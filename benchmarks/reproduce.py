@@ -34,8 +34,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         results_dir = args.results_dir or Path(scratch)
         command = ["reproduce", *args.extra]
-        if args.results_dir is None:
-            cli_main([*command, "--output_dir", str(results_dir)])
+        if args.results_dir is None and cli_main([*command, "--output_dir", str(results_dir)]) != 0:
+            raise SystemExit(2)  # the command printed why
         report = json.loads((results_dir / "results.json").read_text())
         if args.write_docs:
             IMAGE.parent.mkdir(parents=True, exist_ok=True)

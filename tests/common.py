@@ -97,6 +97,18 @@ def tiny_inductive_bert_config(**overrides) -> InductiveBertConfig:
     return InductiveBertConfig(**kwargs)
 
 
+def user_error(capsys, argv: list[str]) -> str:
+    """Run `hf-recurrence argv`, check it failed as a user error (one argparse-style line on stderr, exit status 2,
+    no traceback) and return that line."""
+    from hf_recurrence.cli import main
+
+    capsys.readouterr()
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith(f"hf-recurrence {argv[0]}: error: "), error
+    return error
+
+
 @cache
 def stdlib_tokenizer(vocab_size: int = 300) -> PreTrainedTokenizerFast:
     """A byte-level BPE trained on a few standard library modules (cached per session)."""

@@ -12,7 +12,7 @@ from hf_recurrence.commands.reproduce import PRESETS, settings_from_args
 from hf_recurrence.pretraining import default_model_path
 from hf_recurrence.reproduction import ReproductionSettings, findings
 
-from .common import ACROSS_KERNELS, TINY_GPT2, stdlib_tokenizer
+from .common import ACROSS_KERNELS, TINY_GPT2, stdlib_tokenizer, user_error
 
 
 @pytest.fixture
@@ -44,9 +44,40 @@ def test_convert_keeps_gpt2_and_adds_the_recurrence(gpt2_dir, tmp_path, capsys):
     torch.testing.assert_close(model(ids).logits, stock(ids).logits, **ACROSS_KERNELS)
 
 
-def test_convert_rejects_a_bad_window_naming_it(gpt2_dir, tmp_path):
-    with pytest.raises(ValueError, match="window_size"):
-        main(["convert", str(gpt2_dir), str(tmp_path / "out"), "--window_size", "99"])
+def test_convert_rejects_a_bad_window_naming_it(gpt2_dir, tmp_path, capsys):
+    error = user_error(capsys, ["convert", str(gpt2_dir), str(tmp_path / "out"), "--window_size", "99"])
+    assert "window_size=99" in error
+    assert not (tmp_path / "out").exists()
+
+
+def test_convert_without_window_flags_fits_the_window_to_the_position_table(tmp_path, capsys):
+    out = tmp_path / "recurrent"
+    assert main(["convert", str(default_model_path()), str(out)]) == 0
+    config = RecurrentGPT2LMHeadModel.config_class.from_pretrained(out)
+    n_positions = GPT2Config.from_pretrained(default_model_path()).n_positions
+    assert config.window_size == min(300, n_positions) and config.window_overlap == 0
+    assert f"window_size={config.window_size}" in capsys.readouterr().out
+
+
+def test_convert_refuses_a_non_empty_folder_and_overwrite_cleans_the_old_run(gpt2_dir, tmp_path, capsys):
+    out = tmp_path / "trained"
+    argv = ["convert", str(gpt2_dir), str(out), "--window_size", "8", "--insertion_layer", "1"]
+    assert main(argv) == 0
+    # What a training run leaves beside its model, and a file that is the user's own.
+    (out / "checkpoint-30").mkdir()
+    (out / "checkpoint-30" / "optimizer.pt").write_bytes(b"state")
+    (out / "trainer_state.json").write_text("{}")
+    (out / "notes.txt").write_text("mine")
+    weights = (out / "model.safetensors").read_bytes()
+
+    error = user_error(capsys, [*argv[:3], "--window_size", "4", "--insertion_layer", "1"])
+    assert "not empty" in error and "--overwrite" in error
+    assert (out / "model.safetensors").read_bytes() == weights and (out / "checkpoint-30").exists()
+
+    assert main([*argv[:3], "--window_size", "4", "--insertion_layer", "1", "--overwrite"]) == 0
+    assert not (out / "checkpoint-30").exists() and not (out / "trainer_state.json").exists()
+    assert (out / "notes.txt").read_text() == "mine"
+    assert RecurrentGPT2LMHeadModel.config_class.from_pretrained(out).window_size == 4
 
 
 def test_generate_writes_past_the_position_table(gpt2_dir, tmp_path, capsys):
@@ -61,9 +92,91 @@ def test_generate_writes_past_the_position_table(gpt2_dir, tmp_path, capsys):
     assert len(tokenizer(text.rstrip("\n"))["input_ids"]) > TINY_GPT2["n_positions"]
 
 
-def test_generate_rejects_zero_tokens(gpt2_dir):
-    with pytest.raises(ValueError, match="max_new_tokens.*0"):
-        main(["generate", str(gpt2_dir), "--prompt", "x", "--max_new_tokens", "0"])
+def test_generate_rejects_zero_tokens(gpt2_dir, capsys):
+    assert "--max_new_tokens must be at least 1, got 0" in user_error(
+        capsys, ["generate", str(gpt2_dir), "--prompt", "x", "--max_new_tokens", "0"]
+    )
+
+
+def test_a_missing_model_is_one_line_not_a_traceback(tmp_path, capsys):
+    error = user_error(capsys, ["generate", str(tmp_path / "no-such-model"), "--prompt", "x"])
+    assert "no-such-model" in error
+
+
+def test_a_bug_keeps_its_traceback(gpt2_dir, monkeypatch):
+    def broken(args):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr("hf_recurrence.commands.generate.run", broken)
+    with pytest.raises(KeyError, match="a bug"):
+        main(["generate", str(gpt2_dir), "--prompt", "x"])
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Fail the test if `reproduce` starts fine-tuning: every check must come first."""
+
+    def fine_tune(*args, **kwargs):
+        raise AssertionError("fine-tuning started before the settings were checked")
+
+    monkeypatch.setattr("hf_recurrence.reproduction.fine_tune", fine_tune)
+
+
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        (["--recurrent_overlap_fractions", "0.99"], "recurrent_overlap_fractions=[0.99] round to an overlap of 32"),
+        (["--baseline_overlap_fractions", "0.99"], "fractions must be below 0.9844"),
+        (["--eval_documents", "0"], "eval_documents must be at least 1"),
+        (["--eval_documents", "-1"], "eval_documents=-1"),
+        (["--window_sizes", "1000", "--block_tokens", "2000"], "window sizes must lie in [2, 128]"),
+    ],
+    ids=["recurrent-overlap", "baseline-overlap", "zero-documents", "negative-documents", "window-over-positions"],
+)
+def test_reproduce_checks_its_settings_before_training(options, expected, tmp_path, capsys, no_training):
+    out = tmp_path / "reproduce"
+    error = user_error(capsys, ["reproduce", "--preset", "smoke", "--output_dir", str(out), *options])
+    assert expected in error
+    assert not out.exists()
+
+
+def test_reproduce_writes_each_result_as_it_comes(tmp_path, monkeypatch):
+    from hf_recurrence import reproduction
+
+    rows = []
+
+    def fails_second(*args, **kwargs):
+        if rows:
+            raise RuntimeError("interrupted")
+        rows.append(evaluate_row(*args, **kwargs))
+        return rows[-1]
+
+    evaluate_row = reproduction.evaluate_row
+    monkeypatch.setattr(reproduction, "evaluate_row", fails_second)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        main(["reproduce", "--preset", "smoke", "--output_dir", str(tmp_path / "out")])
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["rows"] == rows
+
+
+def test_reproduce_refuses_a_non_empty_folder_before_training(tmp_path, capsys, no_training):
+    (tmp_path / "results.json").write_text("{}")
+    error = user_error(capsys, ["reproduce", "--preset", "smoke", "--output_dir", str(tmp_path)])
+    assert "--overwrite" in error and (tmp_path / "results.json").read_text() == "{}"
+
+
+def test_pretrain_checks_its_folder_before_training(tmp_path, capsys, monkeypatch):
+    def train_byte_level_bpe(*args, **kwargs):
+        raise AssertionError("training started before the output folder was checked")
+
+    monkeypatch.setattr("hf_recurrence.pretraining.train_byte_level_bpe", train_byte_level_bpe)
+    (tmp_path / "a-file").write_text("")
+    error = user_error(capsys, ["pretrain", "--output_dir", str(tmp_path / "a-file" / "model"), "--max_steps", "1"])
+    assert "cannot write to output folder" in error
+    error = user_error(capsys, ["pretrain", "--output_dir", str(tmp_path), "--max_steps", "1"])
+    assert "not empty" in error
+    assert "n_embd=30 must be a multiple of n_head=4" in user_error(
+        capsys, ["pretrain", "--output_dir", str(tmp_path / "new"), "--n_embd", "30"]
+    )
 
 
 def test_presets_are_overridden_by_explicit_options():

@@ -2,7 +2,13 @@
 
 import argparse
 import importlib
+import sys
 from collections.abc import Sequence
+
+from huggingface_hub import constants
+from huggingface_hub.errors import HTTPError
+
+from .outputs import UsageError
 
 
 # command -> (module implementing `add_arguments(parser)` and `run(args) -> int`, one-line help)
@@ -35,10 +41,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What a user can cause and fix: a bad option value (`UsageError`, or a `ValueError` from a config's validation), a
+# model or file that is missing or unreadable, no Hub access or a Hub refusal (`OSError`s: `FileNotFoundError`,
+# huggingface_hub's `OfflineModeIsEnabled`, `HfHubHTTPError`), a Hub that cannot be reached (huggingface_hub's
+# `HTTPError`, the HTTP client's base error, whose connection errors are not `OSError`s). Anything else is a bug and
+# keeps its traceback.
+USER_ERRORS = (UsageError, ValueError, OSError, HTTPError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     module = importlib.import_module(COMMANDS[args.command][0])
-    return module.run(args)
+    try:
+        return module.run(args)
+    except USER_ERRORS as error:
+        # One line, the argparse convention (`prog: error: message`, exit status 2).
+        message = " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
+        if isinstance(error, HTTPError) and not isinstance(error, OSError):
+            message = f"cannot reach the Hub at {constants.ENDPOINT}: {message}"
+        print(f"hf-recurrence {args.command}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ recurrence settings. Adding a family to the cards is one entry.
 import os
 import tempfile
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 
 from huggingface_hub import CommitInfo, CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
@@ -16,8 +17,18 @@ from huggingface_hub.utils import validate_repo_id
 from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging
 
+from .outputs import MODEL_FOLDER_FILES, UsageError
+
 
 logger = logging.get_logger(__name__)
+
+# The top-level files of a folder that `push_folder` uploads: the model folder's files (`MODEL_FOLDER_FILES`) but
+# no pickle, which runs code when loaded and may hold secrets.
+MODEL_REPO_FILES = tuple(
+    pattern
+    for pattern in MODEL_FOLDER_FILES
+    if not pattern.endswith(".bin") and not pattern.endswith(".bin.index.json")
+)
 
 DEFAULT_COMMIT_MESSAGE = "Upload model with hf-recurrence"
 
@@ -234,6 +245,35 @@ def write_model_card(
     return path
 
 
+def files_to_push(folder: Path) -> tuple[list[Path], list[Path]]:
+    """The files of `folder` a model repo gets, and those left out (sorted paths).
+
+    Only top-level files a model repo needs go up (`MODEL_REPO_FILES`): never a pickle (optimizer, scheduler and RNG
+    states, `training_args.bin`, which holds `--hub_token` in clear when training was given one), never the
+    `checkpoint-*` folders, logs or trainer state of a training run.
+    """
+    uploaded, left_out = [], []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        relative = path.relative_to(folder)
+        if any(part.startswith(".") for part in relative.parts):
+            continue
+        top_level_model_file = len(relative.parts) == 1 and any(fnmatch(path.name, p) for p in MODEL_REPO_FILES)
+        (uploaded if top_level_model_file else left_out).append(path)
+    return uploaded, left_out
+
+
+def _name_files(paths: list[Path], folder: Path) -> str:
+    """One line naming `paths`: top-level files by name, folders by name and file count."""
+    counts: dict[str, int] = {}
+    for path in paths:
+        top = path.relative_to(folder).parts[0]
+        counts[top] = counts.get(top, 0) + 1
+    return ", ".join(
+        name if (folder / name).is_file() else f"{name}/ ({count} file{'s' * (count > 1)})"
+        for name, count in counts.items()
+    )
+
+
 def push_folder(
     folder: str | os.PathLike,
     repo_id: str,
@@ -247,16 +287,27 @@ def push_folder(
 ) -> CommitInfo:
     """Upload a folder written by `save_pretrained` to `repo_id` in one commit, with a model card.
 
+    Only what a model repo needs is uploaded (see `files_to_push`); what is left out is named in one warning. A
+    folder whose weights are pickles only (`pytorch_model.bin`) is refused: load and `save_pretrained` it first.
     The folder's own README.md is uploaded as it is; without one, the card of `model_card` is added to the commit
     (the folder itself is not changed). The repo is created if needed, and the branch `revision` too.
     """
     folder = Path(folder)
     if not (folder / "config.json").is_file():
-        raise ValueError(f"{folder} is not a saved model folder: it has no config.json")
+        raise UsageError(f"{folder} is not a saved model folder: it has no config.json")
+    uploaded, left_out = files_to_push(folder)
+    if not any(fnmatch(path.name, "*.safetensors") for path in uploaded):
+        pickled = sorted(path.name for path in folder.glob("*.bin"))
+        raise UsageError(
+            f"{folder} has no safetensors weights"
+            + (f", only pickles ({', '.join(pickled)}), which are never uploaded" if pickled else "")
+            + ": load the model with from_pretrained and save it with save_pretrained, which writes safetensors"
+        )
+    if left_out:
+        logger.warning(f"Not uploaded from {folder} (not part of a model repo): {_name_files(left_out, folder)}")
     operations = [
         CommitOperationAdd(path_in_repo=path.relative_to(folder).as_posix(), path_or_fileobj=str(path))
-        for path in sorted(folder.rglob("*"))
-        if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+        for path in uploaded
     ]
     if (folder / "README.md").exists():
         if base_model or eval_results:
@@ -301,4 +352,14 @@ def push_to_hub(
         )
 
 
-__all__ = ["FAMILIES", "FamilyCard", "Paper", "model_card", "push_folder", "push_to_hub", "write_model_card"]
+__all__ = [
+    "FAMILIES",
+    "MODEL_REPO_FILES",
+    "FamilyCard",
+    "Paper",
+    "files_to_push",
+    "model_card",
+    "push_folder",
+    "push_to_hub",
+    "write_model_card",
+]

@@ -19,6 +19,7 @@ import transformers
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
 
 from .data import TokenBlocks, stdlib_split, token_stream, train_byte_level_bpe
+from .outputs import MODEL_FOLDER_FILES, UsageError, prepare_output_dir
 
 
 DEFAULT_MODEL_PATH = Path(__file__).parent / "default_model"
@@ -29,7 +30,7 @@ def default_model_path() -> Path:
     if not (DEFAULT_MODEL_PATH / "config.json").exists():
         raise FileNotFoundError(
             f"The embedded default model is missing from {DEFAULT_MODEL_PATH}; rebuild it with "
-            f"`hf-recurrence pretrain --output_dir {DEFAULT_MODEL_PATH}`"
+            f"`hf-recurrence pretrain --output_dir {DEFAULT_MODEL_PATH} --overwrite`"
         )
     return DEFAULT_MODEL_PATH
 
@@ -68,9 +69,32 @@ class PretrainingSettings:
     warmup_steps: int = 100
     seed: int = 0
 
+    def __post_init__(self):
+        for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "max_steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"{name} must be at least 1, got {name}={getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise UsageError(f"n_embd={self.n_embd} must be a multiple of n_head={self.n_head}")
+        if self.learning_rate <= 0 or self.warmup_steps < 0:
+            raise UsageError(
+                f"learning_rate must be positive and warmup_steps non-negative, got learning_rate="
+                f"{self.learning_rate}, warmup_steps={self.warmup_steps}"
+            )
 
-def pretrain(output_dir: Path, settings: PretrainingSettings, command: str | None = None) -> dict[str, float]:
-    """Train the tokenizer and the GPT-2, save both with a model card to `output_dir`, return the metrics."""
+
+# What `pretrain` writes: a model folder and its metrics.
+PRETRAINING_FILES = (*MODEL_FOLDER_FILES, "pretraining.json")
+
+
+def pretrain(
+    output_dir: Path, settings: PretrainingSettings, command: str | None = None, *, overwrite: bool = False
+) -> dict[str, float]:
+    """Train the tokenizer and the GPT-2, save both with a model card to `output_dir`, return the metrics.
+
+    `output_dir` is checked first (writable, and empty unless `overwrite`, which replaces the model there), so that
+    nothing is trained for a folder that cannot take the result.
+    """
+    prepare_output_dir(output_dir, PRETRAINING_FILES, overwrite=overwrite)
     start = time.perf_counter()
     set_seed(settings.seed)
     train_texts = [text for _, text in stdlib_split("train")]

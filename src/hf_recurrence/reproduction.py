@@ -13,11 +13,20 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from transformers import AutoTokenizer, GPT2LMHeadModel, PreTrainedModel, Trainer, set_seed
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    GPT2LMHeadModel,
+    PreTrainedConfig,
+    PreTrainedModel,
+    Trainer,
+    set_seed,
+)
 
 from .data import TokenBlocks, WindowedBlocksCollator, read_documents, token_stream
 from .evaluation import format_table, plot_perplexity_vs_flops, windowed_perplexity
-from .models import RecurrentGPT2LMHeadModel
+from .models import RecurrentGPT2Config, RecurrentGPT2LMHeadModel
+from .outputs import REPORT_FILES, UsageError, prepare_output_dir
 from .pretraining import default_model_path, short_run_arguments
 
 
@@ -43,13 +52,45 @@ class ReproductionSettings:
         for name in ("baseline_overlap_fractions", "recurrent_overlap_fractions"):
             bad = [f for f in getattr(self, name) if not 0 <= f < 1]
             if bad:
-                raise ValueError(f"{name} must lie in [0, 1), got {bad}")
+                raise UsageError(f"{name} must lie in [0, 1), got {bad}")
         for name in ("block_tokens", "batch_size", "max_steps"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {name}={getattr(self, name)}")
+                raise UsageError(f"{name} must be at least 1, got {name}={getattr(self, name)}")
         too_long = [t for t in self.window_sizes if t < 2 or t > self.block_tokens]
         if too_long:
-            raise ValueError(f"window_sizes must lie in [2, block_tokens={self.block_tokens}], got {too_long}")
+            raise UsageError(f"window_sizes must lie in [2, block_tokens={self.block_tokens}], got {too_long}")
+        if self.eval_documents is not None and self.eval_documents < 1:
+            raise UsageError(
+                f"eval_documents must be at least 1 (or unset, for every held-out document), got "
+                f"eval_documents={self.eval_documents}"
+            )
+        for name in ("baseline_overlap_fractions", "recurrent_overlap_fractions"):
+            for window_size in self.window_sizes:
+                # The overlap is rounded to whole tokens and must leave at least one new token per window.
+                bad = [f for f in getattr(self, name) if overlap_tokens(window_size, f) >= window_size]
+                if bad:
+                    raise UsageError(
+                        f"{name}={bad} round to an overlap of {window_size} tokens at window size {window_size}, "
+                        f"leaving no new token per window; fractions must be below {(window_size - 0.5) / window_size:.4g} "
+                        "at that window size"
+                    )
+
+    def check_model(self, config: PreTrainedConfig) -> None:
+        """Refuse window sizes the model at `model_name_or_path` (of `config`) cannot read, before any training."""
+        too_long = [t for t in self.window_sizes if t > config.n_positions]
+        if too_long:
+            raise UsageError(
+                f"window_sizes={too_long} exceed the position table of {self.model_name_or_path or 'the default model'}"
+                f" (n_positions={config.n_positions}); window sizes must lie in [2, {config.n_positions}]"
+            )
+        # The recurrent models' own rules (insertion layer, overlap against the window), from their config.
+        for window_size in self.window_sizes:
+            for fraction in self.recurrent_overlap_fractions:
+                RecurrentGPT2Config.from_dict(
+                    {**config.to_dict(), "model_type": "recurrent_gpt2"},
+                    window_size=window_size,
+                    window_overlap=overlap_tokens(window_size, fraction),
+                )
 
 
 def overlap_tokens(window_size: int, fraction: float) -> int:
@@ -87,11 +128,15 @@ def evaluate_row(model, documents, name: str, window_size: int, overlap: int, ba
     return row
 
 
-def reproduce(settings: ReproductionSettings, output_dir: Path) -> list[dict]:
-    """Run the comparison; writes `results.json`, `results.md` and `perplexity_vs_flops.png` to `output_dir`."""
+def reproduce(settings: ReproductionSettings, output_dir: Path, *, overwrite: bool = False) -> list[dict]:
+    """Run the comparison; writes `results.json`, `results.md` and `perplexity_vs_flops.png` to `output_dir`.
+
+    The model, the settings against it and `output_dir` (empty unless `overwrite`) are checked before any training;
+    results.json and results.md are rewritten after each evaluation, so a later failure loses nothing finished.
+    """
     start = time.perf_counter()
-    output_dir.mkdir(parents=True, exist_ok=True)
     source = settings.model_name_or_path or str(default_model_path())
+    settings.check_model(AutoConfig.from_pretrained(source))
     tokenizer = AutoTokenizer.from_pretrained(source)
     train_texts = [text for _, text in read_documents(settings.train_files, "train")]
     test_docs = read_documents(settings.test_files, "test")[: settings.eval_documents]
@@ -101,8 +146,14 @@ def reproduce(settings: ReproductionSettings, output_dir: Path) -> list[dict]:
         f"Model {source}; training stream {len(stream):,} tokens from {len(train_texts)} documents; held-out "
         f"{sum(map(len, test_ids)):,} tokens in {len(test_docs)} documents ({', '.join(n for n, _ in test_docs)})"
     )
+    prepare_output_dir(output_dir, REPORT_FILES, overwrite=overwrite)
 
     rows = []
+
+    def record(row: dict) -> None:
+        rows.append(row)
+        write_results(output_dir, settings, source, (time.perf_counter() - start) / 60, rows)
+
     for window_size in settings.window_sizes:
         windows_per_block = settings.block_tokens // window_size
         print(f"[window {window_size}] blocks of {windows_per_block} windows, {settings.max_steps} steps per model")
@@ -113,7 +164,7 @@ def reproduce(settings: ReproductionSettings, output_dir: Path) -> list[dict]:
         tokens = settings.max_steps * settings.batch_size * windows_per_block * window_size
         for fraction in settings.baseline_overlap_fractions:
             overlap = overlap_tokens(window_size, fraction)
-            rows.append(
+            record(
                 evaluate_row(
                     baseline,
                     test_ids,
@@ -135,7 +186,7 @@ def reproduce(settings: ReproductionSettings, output_dir: Path) -> list[dict]:
             block_size = window_size + (windows_per_block - 1) * (window_size - overlap)
             train_loss = fine_tune(recurrent, TokenBlocks(stream, block_size), settings)
             tokens = settings.max_steps * settings.batch_size * block_size
-            rows.append(
+            record(
                 evaluate_row(
                     recurrent, test_ids, "recurrent", window_size, overlap, train_loss=train_loss, tokens=tokens
                 )
@@ -144,17 +195,30 @@ def reproduce(settings: ReproductionSettings, output_dir: Path) -> list[dict]:
 
     minutes = (time.perf_counter() - start) / 60
     summary = findings(rows)
-    table = format_table(rows)
-    (output_dir / "results.json").write_text(
-        json.dumps({"settings": asdict(settings), "source": source, "minutes": minutes, "rows": rows}, indent=2)
-    )
-    (output_dir / "results.md").write_text(table + "\n\n" + "\n".join(f"- {line}" for line in summary) + "\n")
+    table = write_results(output_dir, settings, source, minutes, rows, summary)
     plot_perplexity_vs_flops(rows, output_dir / "perplexity_vs_flops.png")
     print("\n" + table + "\n")
     for line in summary:
         print(line)
     print(f"\n{minutes:.1f} minutes; results, table and plot in {output_dir}")
     return rows
+
+
+def write_results(
+    output_dir: Path,
+    settings: ReproductionSettings,
+    source: str,
+    minutes: float,
+    rows: list[dict],
+    summary: Sequence[str] = (),
+) -> str:
+    """Write results.json and results.md (the table, then the findings); return the table."""
+    table = format_table(rows)
+    (output_dir / "results.json").write_text(
+        json.dumps({"settings": asdict(settings), "source": source, "minutes": minutes, "rows": rows}, indent=2)
+    )
+    (output_dir / "results.md").write_text(table + "\n\n" + "".join(f"- {line}\n" for line in summary))
+    return table
 
 
 def findings(rows: list[dict]) -> list[str]:

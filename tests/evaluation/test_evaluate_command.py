@@ -7,11 +7,11 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hf_recurrence import RecurrentGPT2LMHeadModel, cli
+from hf_recurrence import RecurrentGPT2LMHeadModel, TransformerXLLMHeadModel, cli
 from hf_recurrence.commands import evaluate as evaluate_command
 from hf_recurrence.evaluation import windowed_perplexity
 
-from ..common import TINY_GPT2, stdlib_tokenizer, tiny_recurrent_config
+from ..common import TINY_GPT2, stdlib_tokenizer, tiny_recurrent_config, tiny_transformer_xl_config, user_error
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -29,6 +29,9 @@ def saved_models(tmp_path_factory):
     models = {
         "baseline": GPT2LMHeadModel(GPT2Config(**{**TINY_GPT2, **vocab})),
         "recurrent": RecurrentGPT2LMHeadModel(tiny_recurrent_config(window_overlap=2, **vocab)),
+        "short": GPT2LMHeadModel(GPT2Config(**{**TINY_GPT2, **vocab, "n_positions": 8})),
+        # Not GPT-2-shaped: no analytic FLOPs count, so it is left out of the plot.
+        "transformer_xl": TransformerXLLMHeadModel(tiny_transformer_xl_config(**vocab)),
     }
     for name, model in models.items():
         model.save_pretrained(root / name)
@@ -77,3 +80,70 @@ def test_text_file_and_corpus_are_exclusive(saved_models, tmp_path):
     root, _, _ = saved_models
     with pytest.raises(SystemExit):
         parse([str(root / "baseline"), "--text_file", "a.txt", "--corpus", "python-stdlib-test", "--output_dir", "o"])
+
+
+STDLIB_DOCUMENT = ["--corpus", "python-stdlib-test", "--max_documents", "1"]
+
+
+def test_a_missing_model_is_one_line_not_a_traceback(tmp_path, capsys):
+    argv = ["evaluate", "/no/such/model", "--windows", "32", *STDLIB_DOCUMENT, "--output_dir", str(tmp_path / "o")]
+    assert "/no/such/model is not a saved model folder" in user_error(capsys, argv)
+
+
+def test_every_model_and_window_is_checked_before_the_first_evaluation(saved_models, tmp_path, capsys, monkeypatch):
+    root, _, _ = saved_models
+
+    def evaluate(*args, **kwargs):
+        raise AssertionError("an evaluation started before every model was checked")
+
+    monkeypatch.setattr(evaluate_command, "windowed_perplexity", evaluate)
+    out = tmp_path / "out"
+    models = [str(root / "baseline"), str(root / "short")]
+    error = user_error(capsys, ["evaluate", *models, "--windows", "16", *STDLIB_DOCUMENT, "--output_dir", str(out)])
+    assert "short" in error and "window_size=16" in error
+    assert not out.exists()
+
+
+def test_results_are_written_after_each_evaluation(saved_models, tmp_path, monkeypatch):
+    root, _, _ = saved_models
+    calls = []
+
+    def fails_second(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise RuntimeError("interrupted")
+        return windowed_perplexity(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate_command, "windowed_perplexity", fails_second)
+    out = tmp_path / "out"
+    argv = [str(root / "baseline"), "--windows", "8", "16", *STDLIB_DOCUMENT, "--output_dir", str(out)]
+    with pytest.raises(RuntimeError, match="interrupted"):
+        cli.main(["evaluate", *argv])
+    (row,) = json.loads((out / "results.json").read_text())
+    assert row["window_size"] == 8 and "| 8 |" in (out / "results.md").read_text()
+
+
+def test_a_non_empty_folder_is_refused_and_overwrite_replaces_the_earlier_results(saved_models, tmp_path, capsys):
+    root, _, _ = saved_models
+    argv = [
+        "evaluate",
+        str(root / "transformer_xl"),
+        "--windows",
+        "8",
+        *STDLIB_DOCUMENT,
+        "--output_dir",
+        str(tmp_path),
+    ]
+    (tmp_path / "perplexity_vs_flops.png").write_bytes(b"an earlier run's plot")
+    (tmp_path / "notes.txt").write_text("mine")
+
+    error = user_error(capsys, argv)
+    assert "not empty" in error and "--overwrite" in error
+    assert (tmp_path / "perplexity_vs_flops.png").read_bytes() == b"an earlier run's plot"
+
+    assert cli.main([*argv, "--overwrite"]) == 0
+    (row,) = json.loads((tmp_path / "results.json").read_text())
+    assert row["model"] == "transformer_xl" and row["flops_per_token"] is None
+    # No plot of this run (nothing plottable), and none of the earlier one left beside its results.
+    assert not (tmp_path / "perplexity_vs_flops.png").exists()
+    assert (tmp_path / "notes.txt").read_text() == "mine"

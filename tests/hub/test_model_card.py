@@ -15,7 +15,7 @@ from hf_recurrence.cli import main
 from hf_recurrence.hub import FAMILIES, model_card, push_to_hub, write_model_card
 from hf_recurrence.models.recurrent_gpt2.configuration_recurrent_gpt2 import AUTO_MAP
 
-from ..common import ACROSS_KERNELS, REPO_ROOT, stdlib_tokenizer, tiny_recurrent_config
+from ..common import ACROSS_KERNELS, REPO_ROOT, stdlib_tokenizer, tiny_recurrent_config, user_error
 from ..conftest import BOB_TOKEN
 from .families import HUB_FAMILIES
 
@@ -156,9 +156,8 @@ def test_cli_push_keeps_the_folders_own_card(tmp_path):
     assert ModelCard.load("alice/own-card").text.strip() == "# My own card"
 
 
-def test_cli_push_refuses_a_folder_without_a_config(tmp_path):
-    with pytest.raises(ValueError, match="has no config.json"):
-        main(["push", str(tmp_path), "alice/empty"])
+def test_cli_push_refuses_a_folder_without_a_config(tmp_path, capsys):
+    assert "has no config.json" in user_error(capsys, ["push", str(tmp_path), "alice/empty"])
 
 
 def test_the_card_example_in_the_sharing_guide_is_what_model_card_writes():

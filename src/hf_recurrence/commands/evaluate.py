@@ -3,8 +3,9 @@
 Each document is read in windows of T tokens that repeat the last o tokens of the window before; every token but
 the first is predicted once. Stock models run every (window, overlap) pair of the grid. Recurrent models run their
 own schedule and only at the overlap they were trained with (config.window_overlap): other overlaps of the grid are
-skipped for them, with a note. Prints a Markdown table and writes results.json, results.md and
-perplexity_vs_flops.png to --output_dir.
+skipped for them, with a note. Every model and grid point is checked before the first evaluation. Prints a Markdown
+table and writes results.json and results.md to --output_dir after each evaluation, and perplexity_vs_flops.png at
+the end. A non-empty --output_dir is refused unless --overwrite is given (which replaces those three files).
 
 Example:
     hf-recurrence evaluate ./baseline ./recurrent --windows 64 128 --overlaps 0 16 32 \\
@@ -15,10 +16,12 @@ import argparse
 import json
 from pathlib import Path
 
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedConfig
 
 from ..data import stdlib_split
 from ..evaluation import RECURRENT_MODEL_TYPES, format_table, plot_perplexity_vs_flops, windowed_perplexity
+from ..evaluation.perplexity import _resolve_schedule as resolve_schedule
+from ..outputs import REPORT_FILES, UsageError, prepare_output_dir
 
 
 # --corpus choice -> split of the standard library documents (hf_recurrence.data.stdlib_split)
@@ -44,33 +47,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", default=None, help="Tokenizer folder (default: the first model's folder).")
     parser.add_argument("--batch_size", type=int, default=8, help="Windows per forward for stock models.")
     parser.add_argument("--output_dir", type=Path, required=True, help="Where results and the plot are written.")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="Write into a non-empty output_dir, replacing earlier results."
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    # Everything that can be wrong is checked before the first evaluation: texts, models, grid, output folder.
     texts = read_texts(args)
+    grids = {path: checked_grid(path, args.windows, args.overlaps) for path in args.models}
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.models[0])
     encoded = [(tokenizer(text, add_special_tokens=False)["input_ids"], text) for text in texts]
     # A document of fewer than two tokens has nothing to predict.
     encoded = [(ids, text) for ids, text in encoded if len(ids) >= 2]
     if not encoded:
-        raise ValueError(f"No document of at least 2 tokens among the {len(texts)} read")
+        raise UsageError(f"No document of at least 2 tokens among the {len(texts)} read")
     documents, texts = [ids for ids, _ in encoded], [text for _, text in encoded]
+    prepare_output_dir(args.output_dir, REPORT_FILES, overwrite=args.overwrite)
     print(f"{len(documents)} documents, {sum(map(len, documents)):,} tokens")
 
     rows = []
-    for path in args.models:
+    for path, grid in grids.items():
         model = AutoModelForCausalLM.from_pretrained(path)
-        for window_size, overlap in schedule_grid(model, args.windows, args.overlaps):
+        for window_size, overlap in grid:
             result = windowed_perplexity(
                 model, documents, window_size, overlap, text=texts, batch_size=args.batch_size
             )
             rows.append({"model": Path(path).name or path, "path": str(path), **result.to_dict()})
+            # Written after every evaluation, so that a later failure loses nothing finished.
+            table = format_table(rows)
+            (args.output_dir / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+            (args.output_dir / "results.md").write_text(table + "\n")
         del model
 
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    table = format_table(rows)
-    (args.output_dir / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
-    (args.output_dir / "results.md").write_text(table + "\n")
     print(f"\n{table}\n")
     # The analytic FLOPs count covers GPT-2-shaped models only; other models stay in the table but not the plot.
     plottable = [row for row in rows if row["flops_per_token"] is not None]
@@ -80,6 +89,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def checked_grid(path: str, windows: list[int] | None, overlaps: list[int] | None) -> list[tuple[int, int]]:
+    """The (window, overlap) pairs to evaluate the model in folder `path` at, each checked against its config."""
+    if not (Path(path) / "config.json").is_file():
+        raise UsageError(f"MODEL {path} is not a saved model folder (no config.json there)")
+    config = AutoConfig.from_pretrained(path)
+    recurrent = config.model_type in RECURRENT_MODEL_TYPES
+    grid = []
+    for window_size, overlap in schedule_grid(config, windows, overlaps):
+        try:
+            grid.append(resolve_schedule(config, window_size, overlap, recurrent))
+        except ValueError as error:
+            raise UsageError(f"MODEL {path} cannot be evaluated on this grid: {error}") from error
+    return grid
+
+
 def read_texts(args: argparse.Namespace) -> list[str]:
     if args.text_file:
         texts = [path.read_text(encoding="utf-8") for path in args.text_file]
@@ -87,19 +111,19 @@ def read_texts(args: argparse.Namespace) -> list[str]:
         texts = [text for _, text in stdlib_split(CORPORA[args.corpus])]
     if args.max_documents is not None:
         if args.max_documents < 1:
-            raise ValueError(f"--max_documents must be at least 1, got {args.max_documents}")
+            raise UsageError(f"--max_documents must be at least 1, got {args.max_documents}")
         texts = texts[: args.max_documents]
     return texts
 
 
 def schedule_grid(
-    model: PreTrainedModel, windows: list[int] | None, overlaps: list[int] | None
+    config: PreTrainedConfig, windows: list[int] | None, overlaps: list[int] | None
 ) -> list[tuple[int | None, int | None]]:
-    """The (window, overlap) pairs to evaluate `model` at; `None` leaves the choice to `windowed_perplexity`.
+    """The (window, overlap) pairs to evaluate a model of `config` at; `None` leaves the choice to
+    `windowed_perplexity`.
 
     A recurrent model is evaluated only at its trained overlap, so other overlaps are dropped for it with a note.
     """
-    config = model.config
     windows = windows or [None]
     if config.model_type in RECURRENT_MODEL_TYPES:
         trained = config.window_overlap

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from transformers import pipeline, set_seed
 
+from ..outputs import UsageError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_name_or_path", help="A local folder or a Hub repo id (with its tokenizer).")
@@ -37,7 +39,7 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
-        raise ValueError(f"--max_new_tokens must be at least 1, got {args.max_new_tokens}")
+        raise UsageError(f"--max_new_tokens must be at least 1, got {args.max_new_tokens}")
     set_seed(args.seed)
     generator = pipeline(
         "text-generation",

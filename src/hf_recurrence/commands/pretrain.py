@@ -30,12 +30,17 @@ HELP = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output_dir", type=Path, required=True, help="Where the model and tokenizer are saved.")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="Write into a non-empty output_dir, replacing the model there."
+    )
     for name, value in asdict(PretrainingSettings()).items():
         parser.add_argument(f"--{name}", type=type(value), default=value, help=f"{HELP[name]} (default: {value})")
 
 
 def run(args: argparse.Namespace) -> int:
     settings = PretrainingSettings(**{f.name: getattr(args, f.name) for f in fields(PretrainingSettings)})
-    metrics = pretrain(args.output_dir, settings, command=shlex.join(["hf-recurrence", *sys.argv[1:]]))
+    metrics = pretrain(
+        args.output_dir, settings, command=shlex.join(["hf-recurrence", *sys.argv[1:]]), overwrite=args.overwrite
+    )
     print(json.dumps(metrics, indent=2))
     return 0

@@ -1,0 +1,86 @@
+"""What `push_folder` (and `hf-recurrence push`) uploads from a training run's output folder: the model repo's
+files only, never a pickle, a checkpoint or a log, and never the Hub token that `training_args.bin` holds."""
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import HfApi, hf_hub_download
+
+from hf_recurrence import RecurrentGPT2LMHeadModel
+from hf_recurrence.cli import main
+
+from ..common import stdlib_tokenizer, tiny_recurrent_config, user_error
+
+
+SECRET = "hf_secret_token_from_training_args"
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+
+
+@pytest.fixture
+def training_run(tmp_path) -> tuple[Path, set[str]]:
+    """A folder as `run_clm_recurrent.py --hub_token ...` leaves it, and the names of its model repo files."""
+    folder = tmp_path / "run"
+    RecurrentGPT2LMHeadModel(tiny_recurrent_config()).save_pretrained(folder)
+    stdlib_tokenizer().save_pretrained(folder)
+    model_files = {path.name for path in folder.iterdir()}
+    # Trainer's pickles hold arbitrary objects; training_args.bin holds --hub_token in clear.
+    torch.save({"hub_token": SECRET}, folder / "training_args.bin")
+    (folder / "trainer_state.json").write_text('{"global_step": 2}')
+    (folder / "all_results.json").write_text('{"train_loss": 1.0}')
+    checkpoint = folder / "checkpoint-2"
+    checkpoint.mkdir()
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        torch.save({"state": name}, checkpoint / name)
+    torch.save({"hub_token": SECRET}, checkpoint / "training_args.bin")
+    (folder / "runs").mkdir()
+    (folder / "runs" / "events.out.tfevents").write_bytes(b"log")
+    return folder, model_files
+
+
+def test_push_of_a_training_run_uploads_the_model_files_only(training_run, caplog, capsys):
+    folder, model_files = training_run
+    before = snapshot(folder)
+    with caplog.at_level(logging.WARNING, logger="hf_recurrence.hub"):
+        assert main(["push", str(folder), "alice/trained-run"]) == 0
+
+    uploaded = set(HfApi().list_repo_files("alice/trained-run")) - {".gitattributes"}
+    assert uploaded == {*model_files, "README.md"}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= uploaded
+    for name in uploaded:
+        assert SECRET.encode() not in Path(hf_hub_download("alice/trained-run", name)).read_bytes(), name
+
+    (left_out,) = [record.getMessage() for record in caplog.records if "Not uploaded" in record.getMessage()]
+    for entry in ("training_args.bin", "trainer_state.json", "all_results.json", "checkpoint-2/ (4 files)", "runs/"):
+        assert entry in left_out
+    assert snapshot(folder) == before
+
+
+def test_a_folder_with_pickled_weights_only_is_refused(tmp_path, capsys):
+    model = RecurrentGPT2LMHeadModel(tiny_recurrent_config())
+    model.config.save_pretrained(tmp_path)
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+    error = user_error(capsys, ["push", str(tmp_path), "alice/pickled"])
+    assert "pytorch_model.bin" in error and "save_pretrained" in error
+    assert not HfApi().repo_exists("alice/pickled")
+
+
+def test_no_hub_access_is_one_line(training_run, capsys, monkeypatch):
+    from huggingface_hub import constants
+
+    folder, _ = training_run
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert "offline mode is enabled" in user_error(capsys, ["push", str(folder), "alice/offline"])
+
+
+def test_an_unreachable_hub_or_a_bad_token_is_one_line(training_run, capsys, monkeypatch):
+    from huggingface_hub import constants
+
+    folder, _ = training_run
+    assert "401 Unauthorized" in user_error(capsys, ["push", str(folder), "alice/denied", "--token", "hf_not_a_token"])
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
+    assert "cannot reach the Hub at http://127.0.0.1:9" in user_error(capsys, ["push", str(folder), "alice/x"])
