@@ -52,12 +52,14 @@ from hf_recurrence.data import (
     logits_to_predictions,
     number_sequence_tokenizer,
 )
+from hf_recurrence.outputs import OutputDirArguments, prepare_training_output_dir
 
 
 logger = logging.getLogger(__name__)
 
 # The models compared in the paper's Figures 4 and 5, by the names used on the command line.
 MODEL_NAMES = ("ibert", "bert", "ibert_pe", "ibert2")
+REPORT_FILES = ("results.json", "accuracy_vs_difficulty.png")
 MODEL_LABELS = {"ibert": "I-BERT", "bert": "BERT", "ibert_pe": "I-BERT+PE", "ibert2": "I-BERT2"}
 
 
@@ -180,14 +182,16 @@ def plot(results: dict, task: str, train_difficulties: range, path: Path) -> Non
 
 def main(argv: list[str] | None = None) -> dict:
     # 1. Arguments and logging.
-    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
-    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments, OutputDirArguments))
+    model_args, data_args, training_args, output_args = parser.parse_args_into_dataclasses(args=argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     transformers.utils.logging.set_verbosity_warning()
     names = [n.strip() for n in model_args.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in MODEL_NAMES]
     if unknown:
         raise ValueError(f"unknown models {unknown}; choose from {MODEL_NAMES}")
+    # Each model trains in its own sub-folder; the report and the plot sit beside them.
+    prepare_training_output_dir(training_args, (*MODEL_NAMES, *REPORT_FILES), output_args)
 
     # 2. Data: the inductive split, plus fresh sequences of the training difficulties to check what was learned.
     train_difficulties = parse_range(data_args.train_difficulties)
@@ -217,7 +221,6 @@ def main(argv: list[str] | None = None) -> dict:
     # 4. Report: table, JSON, plot.
     print_table(results, train_difficulties, validation_difficulties)
     output_dir = Path(training_args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
     report = {
         "task": data_args.task,
         "command": " ".join(["python", *sys.argv]) if argv is None else None,

@@ -52,6 +52,12 @@ from transformers.utils.versions import require_version
 
 from hf_recurrence import RecurrentGPT2LMHeadModel
 from hf_recurrence.data import TokenBlocks, WindowedBlocksCollator, read_documents, token_stream
+from hf_recurrence.outputs import (
+    MODEL_FOLDER_FILES,
+    TRAINING_RUN_FILES,
+    OutputDirArguments,
+    prepare_training_output_dir,
+)
 
 
 require_version("transformers>=5.23,<6", "hf_recurrence is tested with transformers 5.x from 5.23 on")
@@ -197,11 +203,11 @@ def load_blocks(
 
 def main() -> None:
     # 1. Arguments, from the command line or one JSON file.
-    parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
+    parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments, OutputDirArguments))
     if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
-        model_args, data_args, training_args = parser.parse_json_file(json_file=sys.argv[1])
+        model_args, data_args, training_args, output_args = parser.parse_json_file(json_file=sys.argv[1])
     else:
-        model_args, data_args, training_args = parser.parse_args_into_dataclasses()
+        model_args, data_args, training_args, output_args = parser.parse_args_into_dataclasses()
 
     # 2. Logging: info on the main process only.
     logging.basicConfig(
@@ -217,6 +223,9 @@ def main() -> None:
         f"n_gpu: {training_args.n_gpu}, distributed: {training_args.parallel_mode.value}"
     )
     logger.info(f"Training/evaluation parameters {training_args}")
+    # A non-empty output_dir is refused (or, with --overwrite_output_dir, cleaned) before any work: a stale
+    # checkpoint-N of an earlier, longer run would otherwise be the one `get_last_checkpoint` finds.
+    prepare_training_output_dir(training_args, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, output_args)
 
     # 3. Seed before the recurrence module is initialised, so every run (and every process) starts from the same one.
     set_seed(training_args.seed)

@@ -38,6 +38,12 @@ from transformers import (
 
 import hf_recurrence
 from hf_recurrence.data import END_OF_TEXT, python_stdlib_documents, train_byte_level_bpe
+from hf_recurrence.outputs import (
+    MODEL_FOLDER_FILES,
+    TRAINING_RUN_FILES,
+    OutputDirArguments,
+    prepare_training_output_dir,
+)
 
 
 logger = logging.getLogger(__name__)
@@ -100,12 +106,13 @@ class Blocks(torch.utils.data.Dataset):
 
 def main() -> None:
     # 1. Arguments and logging
-    parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
+    parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments, OutputDirArguments))
     if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
-        model_args, data_args, training_args = parser.parse_json_file(sys.argv[1])
+        model_args, data_args, training_args, output_args = parser.parse_json_file(sys.argv[1])
     else:
-        model_args, data_args, training_args = parser.parse_args_into_dataclasses()
+        model_args, data_args, training_args, output_args = parser.parse_args_into_dataclasses()
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    prepare_training_output_dir(training_args, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, output_args)
     set_seed(training_args.seed)
 
     # 2. Data: one document per standard library module; every N-th module is held out.

@@ -16,10 +16,17 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, TrainingArguments
 
 from hf_recurrence import RecurrentGPT2LMHeadModel
 from hf_recurrence.data import TokenBlocks, WindowedBlocksCollator, token_stream
+from hf_recurrence.outputs import (
+    MODEL_FOLDER_FILES,
+    TRAINING_RUN_FILES,
+    OutputDirArguments,
+    UsageError,
+    prepare_training_output_dir,
+)
 
 from ..common import REPO_ROOT, SRC_ROOT, TINY_GPT2, stdlib_tokenizer
 
@@ -75,12 +82,14 @@ def train_args(model_dir: Path, output_dir: Path, *extra: str, model: tuple[str,
 
 def run_example(args: list[str], launcher: tuple[str, ...] = (), timeout: int = 300) -> None:
     """Run the script in a fresh interpreter that imports this checkout's `hf_recurrence`."""
+    result = run_process(args, launcher, timeout)
+    assert result.returncode == 0, f"{' '.join(result.args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+
+
+def run_process(args: list[str], launcher: tuple[str, ...] = (), timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC_ROOT), os.environ.get("PYTHONPATH")]))}
     command = [sys.executable, *launcher, str(SCRIPT), *args]
-    result = subprocess.run(
-        command, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
-    )
-    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return subprocess.run(command, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
 
 
 def logged_losses(output_dir: Path) -> dict[int, float]:
@@ -157,6 +166,40 @@ def test_resume_from_checkpoint_continues_the_run(four_steps, gpt2_dir, tmp_path
     assert expected.keys() == actual.keys()
     for name in expected:
         torch.testing.assert_close(actual[name], expected[name], msg=name)
+
+
+def test_a_used_output_folder_is_refused_before_training(gpt2_dir, tmp_path):
+    (tmp_path / "checkpoint-30").mkdir()  # an earlier, longer run's: get_last_checkpoint would pick it
+    result = run_process(train_args(gpt2_dir, tmp_path, "--max_steps", "2"))
+    assert result.returncode != 0
+    assert "is not empty" in result.stderr and "--overwrite_output_dir" in result.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint-30"]
+
+
+def output_dir_arguments(output_dir: Path, **arguments) -> TrainingArguments:
+    return TrainingArguments(output_dir=str(output_dir), use_cpu=True, report_to="none", **arguments)
+
+
+def test_overwrite_output_dir_removes_the_earlier_run_only(tmp_path):
+    for name in ("checkpoint-30", "runs"):
+        (tmp_path / name).mkdir()
+    for name in ("model.safetensors", "trainer_state.json", "train_results.json", "notes.txt"):
+        (tmp_path / name).write_text("earlier")
+    prepare_training_output_dir(
+        output_dir_arguments(tmp_path), MODEL_FOLDER_FILES + TRAINING_RUN_FILES, OutputDirArguments(True)
+    )
+    assert [path.name for path in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_resuming_continues_in_its_own_folder(tmp_path):
+    checkpoint = tmp_path / "checkpoint-2"
+    checkpoint.mkdir()
+    owned = MODEL_FOLDER_FILES + TRAINING_RUN_FILES
+    resuming = output_dir_arguments(tmp_path, resume_from_checkpoint=str(checkpoint))
+    prepare_training_output_dir(resuming, owned, OutputDirArguments())
+    with pytest.raises(UsageError, match="would remove --resume_from_checkpoint"):
+        prepare_training_output_dir(resuming, owned, OutputDirArguments(overwrite_output_dir=True))
+    assert checkpoint.is_dir()
 
 
 # peft 0.21 still reads the `is_gradient_checkpointing` property that transformers 5.23 deprecates.
