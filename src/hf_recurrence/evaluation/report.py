@@ -4,7 +4,7 @@ A row is a dict with at least `model` (a name) and the fields of `WindowedPerple
 ignored, so callers can add their own (training loss, tokens seen).
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
@@ -85,11 +85,42 @@ def plot_perplexity_vs_flops(rows: Sequence[dict], path: str | Path) -> Path:
                     fontsize=7,
                     color=color,
                 )
-    axes.set_xlabel("FLOPs per token")
-    axes.set_ylabel("Perplexity")
-    axes.set_title("Perplexity against evaluation cost (o = overlap in tokens)")
+    return _label_and_save(
+        axes, "FLOPs per token", "Perplexity", "Perplexity against evaluation cost (o = overlap in tokens)", path
+    )
+
+
+def plot_nll_by_window_position(arms: Mapping[str, Sequence[float]], path: str | Path) -> Path:
+    """Plot each arm's mean NLL against the position inside the window and save it to `path` (PNG, PDF, SVG...).
+
+    `arms` maps a name (e.g. "baseline", "recurrent", "control") to its NLL per position `0 .. T-1`, e.g. from
+    [`nll_by_window_position`]; NaN positions (none predicted) leave gaps. A recurrent model's gain over the baseline
+    should sit at the window starts. Needs matplotlib (`pip install hf-recurrence[eval]`); no display is used.
+    """
+    from matplotlib.figure import Figure
+
+    if not arms:
+        raise ValueError("plot_nll_by_window_position needs at least one arm, got none")
+    lengths = {name: len(values) for name, values in arms.items()}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"Every arm needs one value per window position; got lengths {lengths}")
+    figure = Figure(figsize=(7, 4.5), layout="constrained")
+    axes = figure.subplots()
+    for index, (name, values) in enumerate(arms.items()):
+        values = [float(value) for value in values]
+        axes.plot(range(len(values)), values, color=f"C{index % 10}", linestyle=LINE_STYLES[index % 4], label=name)
+    return _label_and_save(
+        axes, "Position inside the window", "Mean NLL (nats)", "NLL by position inside the window", path
+    )
+
+
+def _label_and_save(axes, xlabel: str, ylabel: str, title: str, path: str | Path) -> Path:
+    """Label the axes the way every plot of this module is labelled, then save their figure to `path`."""
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
     path = Path(path)
-    figure.savefig(path, dpi=150)
+    axes.figure.savefig(path, dpi=150)
     return path
