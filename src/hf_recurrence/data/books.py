@@ -90,7 +90,11 @@ def ensure_janeaustenr(cache_dir: str | os.PathLike | None = None, download: boo
         )
     cache.mkdir(parents=True, exist_ok=True)
     if not (cache / deb).is_file():
-        _run(fetch, cache, JANEAUSTENR_PACKAGE)
+        try:
+            _run(fetch, cache, JANEAUSTENR_PACKAGE)
+        except RuntimeError as error:
+            # A fresh machine has no package lists yet: apt-get then cannot locate any package.
+            raise RuntimeError(f"{error}\nIf apt-get cannot locate the package, run `apt-get update` first.") from None
     _run(unpack, cache, JANEAUSTENR_PACKAGE)
     return data_dir
 
