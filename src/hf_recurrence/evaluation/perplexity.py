@@ -92,7 +92,8 @@ def windowed_perplexity(
     A recurrent model (`config.model_type` in `RECURRENT_MODEL_TYPES`) runs its own schedule with its state carried
     through the document, so the result equals its own loss over the document; it must be evaluated with the
     overlap it was trained with (`config.window_overlap`). A `window_size` other than its `config.window_size` is
-    allowed (the paper's window-size curves) and used for this call only, with a warning.
+    allowed (the paper's window-size curves), with a warning; it is passed in the state given as `past_key_values`
+    and `model.config` is left untouched.
 
     Args:
         model: a causal language model returning `.logits`.
@@ -123,9 +124,8 @@ def windowed_perplexity(
         if recurrent:
             # Longest first, so that documents batched together have similar lengths and little padding.
             documents = sorted(documents, key=len, reverse=True)
-            with _window_size_override(config, window_size):
-                for first in range(0, len(documents), batch_size):
-                    total_nll += _recurrent_nll(model, documents[first : first + batch_size], progress)
+            for first in range(0, len(documents), batch_size):
+                total_nll += _recurrent_nll(model, documents[first : first + batch_size], window_size, progress)
         else:
             total_nll += _stock_nll(model, documents, window_size, overlap, batch_size, progress)
 
@@ -217,17 +217,6 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-@contextmanager
-def _window_size_override(config, window_size: int) -> Iterator[None]:
-    """The recurrent model reads `config.window_size` on every call; set it for the evaluation and restore it."""
-    configured = config.window_size
-    config.window_size = window_size
-    try:
-        yield
-    finally:
-        config.window_size = configured
-
-
 def _summed_nll(logits: torch.Tensor, targets: torch.Tensor) -> float:
     """Summed cross-entropy of (n, vocab) logits against (n,) targets, in float32."""
     return nn.functional.cross_entropy(logits.float(), targets, reduction="sum").item()
@@ -273,10 +262,11 @@ def _stock_nll(
     return total
 
 
-def _recurrent_nll(model: PreTrainedModel, documents: list[torch.Tensor], progress: tqdm) -> float:
+def _recurrent_nll(model: PreTrainedModel, documents: list[torch.Tensor], window_size: int, progress: tqdm) -> float:
     """Summed NLL of documents read side by side (right-padded, each row its own state) in chunks of columns.
 
-    The recurrent model skips padding exactly, so each row gets what it gets alone.
+    The recurrent model skips padding exactly, so each row gets what it gets alone. The window size travels in the
+    state, so `model.config` is never changed (other callers may be using the model meanwhile).
     """
     lengths = torch.tensor([len(doc) for doc in documents], device=documents[0].device)
     ids = nn.utils.rnn.pad_sequence(documents, batch_first=True)  # (docs, longest)
@@ -284,7 +274,7 @@ def _recurrent_nll(model: PreTrainedModel, documents: list[torch.Tensor], progre
     # Position p predicts token p + 1 when that token is real text.
     targets = nn.functional.pad(ids[:, 1:], (0, 1))
     predicts = nn.functional.pad(real[:, 1:], (0, 1))
-    state = None
+    state = model.new_state(len(documents), window_size=window_size)
     total = 0.0
     for start in range(0, ids.shape[1], RECURRENT_CHUNK_TOKENS):
         columns = slice(start, start + RECURRENT_CHUNK_TOKENS)
