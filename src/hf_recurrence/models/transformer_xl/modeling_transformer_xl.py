@@ -520,6 +520,8 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         batch, length = inputs_embeds.shape[:2]
         if length == 0:
             raise ValueError("The input is empty (length 0)")
+        # The config may have been changed since the model was built; integer checks only, no device sync.
+        self.config.check_transformer_xl_settings()
         if past_key_values is None:
             past_key_values = TransformerXLState(self.config, batch, inputs_embeds.device, inputs_embeds.dtype)
         elif not isinstance(past_key_values, TransformerXLState):
