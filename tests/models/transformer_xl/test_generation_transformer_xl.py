@@ -77,6 +77,6 @@ def test_text_generation_pipeline_generates_past_segment_and_memory():
     assert len(tokenizer(alone[0]).input_ids) > model.config.segment_length + model.config.mem_len
 
 
-@pytest.mark.parametrize("implementation", ["static", "offloaded", "quantized", "dynamic"])
+@pytest.mark.parametrize("implementation", ["static", "offloaded", "quantized", "dynamic", "paged"])
 def test_a_cache_implementation_is_refused_with_the_reason(implementation, tmp_path):
     assert_cache_implementation_is_refused(make_model(), implementation, tmp_path)

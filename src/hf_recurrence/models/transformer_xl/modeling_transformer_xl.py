@@ -625,6 +625,14 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
             )
         return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
+    def init_continuous_batching(self, *args, **kwargs):
+        # generate(cache_implementation="paged") and generate_batch() come here, past _prepare_cache_for_generation.
+        raise ValueError(
+            f"Continuous batching (cache_implementation='paged', generate_batch()) cannot be used with "
+            f"{type(self).__name__}: it needs a paged key/value cache, and the model carries its own recurrent state "
+            "instead. Call generate() without cache_implementation; batched prompts may be left-padded"
+        )
+
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.lm_head = new_embeddings
 
