@@ -133,17 +133,23 @@ class TransformerXLConfig(PreTrainedConfig):
 
     def check_transformer_xl_settings(self) -> None:
         """Raise `ValueError` naming the first invalid field and its value."""
-        for name in ("vocab_size", "d_model", "n_head", "d_head", "d_inner", "n_layer", "segment_length"):
+        for name in ("vocab_size", "d_model", "n_head", "d_head", "d_inner", "n_layer"):
             _check_int(name, getattr(self, name), minimum=1)
-        _check_int("mem_len", self.mem_len, minimum=0)
-        if self.clamp_len is not None:
-            _check_int("clamp_len", self.clamp_len, minimum=0)
+        self.check_segment_schedule()
         for name in ("dropout", "dropatt"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
                 raise ValueError(f"{name} must be a probability in [0, 1), got {name}={value!r}")
         if self.d_model % 2:
             raise ValueError(f"d_model must be even for the sinusoidal position encoding, got d_model={self.d_model}")
+
+    def check_segment_schedule(self) -> None:
+        """Raise `ValueError` naming an invalid `segment_length`, `mem_len` or `clamp_len`: the fields every forward
+        reads, checked again there since the config may have been changed after the model was built."""
+        _check_int("segment_length", self.segment_length, minimum=1)
+        _check_int("mem_len", self.mem_len, minimum=0)
+        if self.clamp_len is not None:
+            _check_int("clamp_len", self.clamp_len, minimum=0)
 
 
 # The model type of transformers 4.x's TransfoXL, which transformers 5 no longer has.

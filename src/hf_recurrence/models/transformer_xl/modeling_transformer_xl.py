@@ -521,7 +521,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         if length == 0:
             raise ValueError("The input is empty (length 0)")
         # The config may have been changed since the model was built; integer checks only, no device sync.
-        self.config.check_transformer_xl_settings()
+        self.config.check_segment_schedule()
         if past_key_values is None:
             past_key_values = TransformerXLState(self.config, batch, inputs_embeds.device, inputs_embeds.dtype)
         elif not isinstance(past_key_values, TransformerXLState):
