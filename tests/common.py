@@ -5,6 +5,7 @@ import sys
 from functools import cache
 from pathlib import Path
 
+import pytest
 import torch
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerFast
@@ -145,6 +146,7 @@ def run_isolated_python(
 
 
 REMOTE_LOAD = """
+import pytest
 import torch
 import transformers
 try:
@@ -180,3 +182,18 @@ def assert_loads_with_remote_code(
     result = run_isolated_python(code, cwd=tmp_path, hf_home=tmp_path / "hf_home")
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"REMOTE_OK {type(model).__name__}" in result.stdout
+
+
+def assert_cache_implementation_is_refused(model, implementation: str, tmp_path: Path) -> None:
+    """`generate()` refuses a cache_implementation, given to the call or saved in generation_config.json: the causal
+    families carry their own recurrent state, and generate() would otherwise only warn that it "will be ignored"
+    ("paged", continuous batching, only logged the failure of its background generation loop)."""
+    prompt = torch.randint(1, model.config.vocab_size, (1, 5))
+    with pytest.raises(ValueError, match=rf"cache_implementation='{implementation}'.*own recurrent state"):
+        model.generate(prompt, max_new_tokens=3, do_sample=False, cache_implementation=implementation)
+    model.generation_config.cache_implementation = implementation
+    model.save_pretrained(tmp_path)
+    reloaded = type(model).from_pretrained(tmp_path)
+    assert reloaded.generation_config.cache_implementation == implementation
+    with pytest.raises(ValueError, match="generation_config.json"):
+        reloaded.generate(prompt, max_new_tokens=3, do_sample=False)

@@ -124,10 +124,33 @@ def test_recurrent_model_at_another_window_size_reads_that_window():
     ids = torch.randint(0, 99, (50,))
     result = windowed_perplexity(model, ids, window_size=12, show_progress=False)
 
-    assert model.config.window_size == 8, "the model's config is restored"
+    assert model.config.window_size == 8, "the model's config is untouched"
     with torch.no_grad():
         assert result.nll == pytest.approx(resized(ids[None], labels=ids[None]).loss.item(), rel=1e-5)
     assert result.flops_per_token != windowed_perplexity(model, ids, show_progress=False).flops_per_token
+
+
+def test_another_window_size_leaves_the_model_config_untouched(monkeypatch):
+    # The window once went through model.config for the whole evaluation, so another thread's model(ids) used it.
+    monkeypatch.setattr(perplexity, "RECURRENT_CHUNK_TOKENS", 11)
+    model = recurrent_model(window_overlap=2)
+    resized = RecurrentGPT2LMHeadModel(tiny_recurrent_config(window_overlap=2, window_size=12)).eval()
+    resized.load_state_dict(model.state_dict())
+    documents = [torch.randint(0, 99, (length,)) for length in (50, 31)]
+    seen_windows = []
+
+    def config_window_size(module, args, kwargs):
+        seen_windows.append(module.config.window_size)
+
+    model.register_forward_pre_hook(config_window_size, with_kwargs=True)
+    result = windowed_perplexity(model, documents, window_size=12, show_progress=False)
+
+    assert len(seen_windows) == 5 and set(seen_windows) == {8}
+    with torch.no_grad():
+        losses = [resized(doc[None], labels=doc[None]).loss.item() for doc in documents]
+    total = sum(loss * (len(doc) - 1) for loss, doc in zip(losses, documents, strict=True))
+    assert result.window_size == 12
+    assert result.nll == pytest.approx(total / result.num_tokens, rel=1e-5)
 
 
 def test_word_perplexity_normalises_the_total_by_words(gpt2):

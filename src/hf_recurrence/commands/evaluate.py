@@ -20,7 +20,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from ..data import stdlib_split
 from ..evaluation import RECURRENT_MODEL_TYPES, format_table, plot_perplexity_vs_flops, windowed_perplexity
-from ..evaluation.perplexity import _resolve_schedule as resolve_schedule
+from ..evaluation.perplexity import resolve_schedule
 from ..outputs import REPORT_FILES, UsageError, prepare_output_dir
 
 

@@ -111,7 +111,8 @@ def windowed_perplexity(
     A recurrent model (`config.model_type` in `RECURRENT_MODEL_TYPES`) runs its own schedule with its state carried
     through the document, so the result equals its own loss over the document; it must be evaluated with the
     overlap it was trained with (`config.window_overlap`). A `window_size` other than its `config.window_size` is
-    allowed (the paper's window-size curves) and used for this call only, with a warning.
+    allowed (the paper's window-size curves), with a warning; it is passed in the state given as `past_key_values`
+    and `model.config` is left untouched.
 
     Args:
         model: a causal language model returning `.logits`.
@@ -135,7 +136,7 @@ def windowed_perplexity(
         raise ValueError(f"batch_size must be a positive integer, got batch_size={batch_size!r}")
     config = model.config
     recurrent = config.model_type in RECURRENT_MODEL_TYPES
-    window_size, overlap = _resolve_schedule(config, window_size, overlap, recurrent)
+    window_size, overlap = resolve_schedule(config, window_size, overlap, recurrent)
     documents = [doc.to(model.device) for doc in documents]
     # Filled by the branches; keyed by the document tensor's identity because both branches reorder documents.
     sinks = {id(doc): torch.zeros(len(doc) - 1) for doc in documents} if return_token_nll else None
@@ -152,9 +153,9 @@ def windowed_perplexity(
         if recurrent:
             # Longest first, so that documents batched together have similar lengths and little padding.
             documents = sorted(documents, key=len, reverse=True)
-            with _window_size_override(config, window_size):
-                for first in range(0, len(documents), batch_size):
-                    total_nll += _recurrent_nll(model, documents[first : first + batch_size], progress, sinks)
+            for first in range(0, len(documents), batch_size):
+                batch = documents[first : first + batch_size]
+                total_nll += _recurrent_nll(model, batch, window_size, progress, sinks)
         else:
             total_nll += _stock_nll(model, documents, window_size, overlap, batch_size, progress, sinks)
 
@@ -207,7 +208,7 @@ def _word_count(num_words: int | None, text: str | Sequence[str] | None) -> int 
     return num_words
 
 
-def _resolve_schedule(config, window_size: int | None, overlap: int | None, recurrent: bool) -> tuple[int, int]:
+def resolve_schedule(config, window_size: int | None, overlap: int | None, recurrent: bool) -> tuple[int, int]:
     """Fill in the defaults and check `window_size` / `overlap` against the model; raise ValueError naming a bad one."""
     if recurrent:
         max_window = config.n_positions
@@ -245,17 +246,6 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         model.train(was_training)
-
-
-@contextmanager
-def _window_size_override(config, window_size: int) -> Iterator[None]:
-    """The recurrent model reads `config.window_size` on every call; set it for the evaluation and restore it."""
-    configured = config.window_size
-    config.window_size = window_size
-    try:
-        yield
-    finally:
-        config.window_size = configured
 
 
 def _window_positions(num_tokens: int, window_size: int, overlap: int) -> torch.Tensor:
@@ -321,13 +311,15 @@ def _stock_nll(
 def _recurrent_nll(
     model: PreTrainedModel,
     documents: list[torch.Tensor],
+    window_size: int,
     progress: tqdm,
     sinks: dict[int, torch.Tensor] | None = None,
 ) -> float:
     """Summed NLL of documents read side by side (right-padded, each row its own state) in chunks of columns;
     per-token NLLs into `sinks[id(doc)]` when given.
 
-    The recurrent model skips padding exactly, so each row gets what it gets alone.
+    The recurrent model skips padding exactly, so each row gets what it gets alone. The window size travels in the
+    state, so `model.config` is never changed (other callers may be using the model meanwhile).
     """
     lengths = torch.tensor([len(doc) for doc in documents], device=documents[0].device)
     ids = nn.utils.rnn.pad_sequence(documents, batch_first=True)  # (docs, longest)
@@ -335,7 +327,7 @@ def _recurrent_nll(
     # Position p predicts token p + 1 when that token is real text.
     targets = nn.functional.pad(ids[:, 1:], (0, 1))
     predicts = nn.functional.pad(real[:, 1:], (0, 1))
-    state = None
+    state = model.new_state(len(documents), window_size=window_size)
     total = 0.0
     for start in range(0, ids.shape[1], RECURRENT_CHUNK_TOKENS):
         columns = slice(start, start + RECURRENT_CHUNK_TOKENS)

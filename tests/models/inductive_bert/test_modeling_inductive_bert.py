@@ -73,6 +73,16 @@ def test_four_dimensional_attention_masks_are_refused():
         model(torch.randint(1, 99, (1, 4)), attention_mask=torch.ones(1, 1, 4, 4))
 
 
+@pytest.mark.parametrize("mask_shape", [(1, 6), (4, 5), (4, 7)])
+def test_attention_masks_of_another_shape_than_the_input_are_refused(mask_shape):
+    # A (1, seq) mask with padding once broadcast through the LSTM packing and returned a single row for four.
+    model = IBertModel(tiny_inductive_bert_config())
+    mask = torch.ones(mask_shape, dtype=torch.long)
+    mask[:, -2:] = 0
+    with pytest.raises(ValueError, match=rf"input's shape \(4, 6\), got shape \({mask_shape[0]}, {mask_shape[1]}\)"):
+        model(torch.randint(1, 99, (4, 6)), attention_mask=mask)
+
+
 def test_lstm_feed_forward_switch_puts_an_lstm_in_every_layer():
     model = IBertModel(tiny_inductive_bert_config(num_hidden_layers=3, lstm_feed_forward=True))
     assert sum(isinstance(m, nn.LSTM) for m in model.modules()) == 1 + 3

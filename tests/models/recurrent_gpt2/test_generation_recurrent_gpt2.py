@@ -6,7 +6,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, TextStreamer, pipeline
 
 from hf_recurrence import RecurrentGPT2LMHeadModel
 
-from ...common import TINY_GPT2, stdlib_tokenizer, tiny_recurrent_config
+from ...common import TINY_GPT2, assert_cache_implementation_is_refused, stdlib_tokenizer, tiny_recurrent_config
 
 
 def make_model(**overrides) -> RecurrentGPT2LMHeadModel:
@@ -104,3 +104,8 @@ def test_text_generation_pipeline_batches_like_single_prompts():
     assert batched == alone
     # Far past the 16-entry position table.
     assert len(tokenizer(alone[0]).input_ids) >= 30
+
+
+@pytest.mark.parametrize("implementation", ["static", "offloaded", "quantized", "dynamic", "paged"])
+def test_a_cache_implementation_is_refused_with_the_reason(implementation, tmp_path):
+    assert_cache_implementation_is_refused(make_model(), implementation, tmp_path)

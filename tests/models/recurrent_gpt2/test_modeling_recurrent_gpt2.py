@@ -59,6 +59,31 @@ class TestConfig:
         with pytest.raises(ValueError, match="window_size=40"):
             RecurrentGPT2LMHeadModel(config)
 
+    @pytest.mark.parametrize(
+        ("changes", "match"),
+        [
+            # window_overlap == window_size left no room in a window: forward looped forever, memory growing.
+            ({"window_overlap": 8}, "window_overlap=8"),
+            ({"window_size": 4, "window_overlap": 4}, "window_overlap=4"),
+            # These gave a bare IndexError from the position table or the block list.
+            ({"window_size": 17}, "window_size=17 exceeds n_positions=16"),
+            ({"window_size": 0}, "window_size=0"),
+            (
+                {"insertion_layer": 3},
+                r"insertion_layer must be a block index in \[0, n_layer=3\), got insertion_layer=3",
+            ),
+        ],
+    )
+    def test_changed_after_the_model_is_built_is_refused_at_forward(self, changes, match):
+        model = make_model()
+        ids = torch.randint(0, 99, (1, 20))
+        for name, value in changes.items():
+            setattr(model.config, name, value)
+        with pytest.raises(ValueError, match=match):
+            model(ids)
+        with pytest.raises(ValueError, match=match):
+            model.transformer(ids)
+
     def test_no_max_position_embeddings(self):
         # The model has no maximum length; generate() must not cap or warn at n_positions.
         assert getattr(tiny_recurrent_config(), "max_position_embeddings", None) is None
@@ -203,6 +228,46 @@ class TestState:
         assert "seen_tokens=20" in repr(state)
         state.reset()
         assert state.get_seq_length() == 0 and int(state.fill.sum()) == 0 and state.slot_valid.shape[1] == 0
+
+    def test_a_state_with_its_own_schedule_reads_like_a_model_configured_with_it(self):
+        model = make_model(window_overlap=2)
+        resized = make_model(window_overlap=2, window_size=12)
+        resized.load_state_dict(model.state_dict())
+        ids = torch.randint(0, 99, (2, 40))
+        with torch.no_grad():
+            state = model.new_state(2, window_size=12)
+            logits = model(ids, past_key_values=state).logits
+            # Same weights in two model objects: a stated tolerance, not exact equality.
+            torch.testing.assert_close(logits, resized(ids).logits, **ACROSS_KERNELS)
+        assert model.config.window_size == 8
+        assert (state.window_size, state.window_overlap) == (12, 2)
+
+    def test_the_schedule_of_a_run_comes_from_its_state_not_the_config(self):
+        model = make_model()
+        ids = torch.randint(0, 99, (1, 30))
+        with torch.no_grad():
+            expected = model(ids).logits
+            state = model(ids[:, :13]).past_key_values
+            model.config.window_size = 12  # changed mid-run: the state keeps the schedule it started with
+            continued = model(ids[:, 13:], past_key_values=state).logits
+        torch.testing.assert_close(continued, expected[:, 13:], **ACROSS_KERNELS)
+
+    @pytest.mark.parametrize(
+        ("schedule", "match"),
+        [
+            ({"window_size": 17}, "window_size=17 exceeds n_positions=16"),
+            ({"window_size": 0}, "window_size=0"),
+            ({"window_size": 4, "window_overlap": 4}, "window_overlap=4"),
+        ],
+    )
+    def test_an_invalid_state_schedule_is_refused(self, schedule, match):
+        with pytest.raises(ValueError, match=match):
+            make_model().new_state(1, **schedule)
+
+    def test_the_schedule_is_fixed_for_the_states_life(self):
+        state = make_model(window_overlap=2).new_state(1)
+        with pytest.raises(AttributeError):
+            state.window_overlap = 3
 
     def test_reset_state_reads_like_a_fresh_one(self):
         model = make_model()

@@ -1,11 +1,12 @@
 """Transformer-XL with generate(), beam search, left-padded batches and the text-generation pipeline."""
 
+import pytest
 import torch
 from transformers import pipeline
 
 from hf_recurrence import TransformerXLLMHeadModel
 
-from ...common import stdlib_tokenizer, tiny_transformer_xl_config
+from ...common import assert_cache_implementation_is_refused, stdlib_tokenizer, tiny_transformer_xl_config
 
 
 def make_model(**overrides) -> TransformerXLLMHeadModel:
@@ -74,3 +75,8 @@ def test_text_generation_pipeline_generates_past_segment_and_memory():
     batched = [out[0]["generated_text"] for out in generator(prompts, batch_size=2, **kwargs)]
     assert batched == alone
     assert len(tokenizer(alone[0]).input_ids) > model.config.segment_length + model.config.mem_len
+
+
+@pytest.mark.parametrize("implementation", ["static", "offloaded", "quantized", "dynamic", "paged"])
+def test_a_cache_implementation_is_refused_with_the_reason(implementation, tmp_path):
+    assert_cache_implementation_is_refused(make_model(), implementation, tmp_path)

@@ -166,6 +166,20 @@ def test_config_errors_name_field_and_value(field, value):
         TransformerXLConfig(**{field: value})
 
 
+@pytest.mark.parametrize(("field", "value"), [("mem_len", -1), ("segment_length", 0), ("clamp_len", -2)])
+def test_settings_changed_after_the_model_is_built_are_refused_at_forward(field, value):
+    # mem_len=-1 once failed deep inside with "narrow(): length must be non-negative".
+    model = make_model()
+    ids = torch.randint(1, 99, (2, 5))
+    state = model(ids).past_key_values
+    setattr(model.config, field, value)
+    for past in (None, state):
+        with pytest.raises(ValueError, match=rf"{field} must be an integer >= [01], got {field}={value}"):
+            model(ids, past_key_values=past)
+    with pytest.raises(ValueError, match=rf"{field}={value}"):
+        model.transformer(ids)
+
+
 def test_config_has_aliases_and_no_position_limit():
     config = tiny_transformer_xl_config()
     assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (32, 2, 2)

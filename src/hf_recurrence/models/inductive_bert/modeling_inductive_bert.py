@@ -252,10 +252,13 @@ class IBertModel(IBertPreTrainedModel):
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Specify exactly one of input_ids or inputs_embeds")
-        if attention_mask is not None and attention_mask.dim() != 2:
-            # The LSTM packs each row's real tokens, which a 2-D padding mask defines and a 4-D attention mask may not.
+        input_shape = tuple((input_ids if input_ids is not None else inputs_embeds).shape[:2])
+        if attention_mask is not None and tuple(attention_mask.shape) != input_shape:
+            # The LSTM packs each row's real tokens, which only a (batch, seq) padding mask of the input's own shape
+            # defines: a 4-D attention mask may not, and a broadcast one would drop or invent rows.
             raise ValueError(
-                f"attention_mask must be a (batch, seq) padding mask, got shape {tuple(attention_mask.shape)}"
+                f"attention_mask must be a (batch, seq) padding mask of the input's shape {input_shape}, got shape "
+                f"{tuple(attention_mask.shape)}"
             )
         embedding_output = self.embeddings(
             input_ids=input_ids,

@@ -118,18 +118,34 @@ class RecurrentGPT2Config(GPT2Config):
 
     def check_recurrence_settings(self) -> None:
         """Raise `ValueError` naming the first invalid recurrence field and its value."""
-        if isinstance(self.window_size, bool) or not isinstance(self.window_size, int) or self.window_size < 1:
-            raise ValueError(f"window_size must be a positive integer, got window_size={self.window_size!r}")
-        if self.window_size > self.n_positions:
+        self.check_window_schedule(self.window_size, self.window_overlap)
+        self.check_model_settings()
+
+    def check_window_schedule(self, window_size: int, window_overlap: int) -> None:
+        """Raise `ValueError` unless `window_size` and `window_overlap` form a schedule this model can run.
+
+        Checked for the config's own schedule and for every state a forward runs (the state may carry another).
+        """
+        if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
+            raise ValueError(f"window_size must be a positive integer, got window_size={window_size!r}")
+        if window_size > self.n_positions:
             raise ValueError(
-                f"window_size={self.window_size} exceeds n_positions={self.n_positions}: a window must fit the "
-                "position table"
+                f"window_size={window_size} exceeds n_positions={self.n_positions}: a window must fit the position "
+                "table"
             )
-        if not isinstance(self.window_overlap, int) or not 0 <= self.window_overlap < self.window_size:
+        if (
+            isinstance(window_overlap, bool)
+            or not isinstance(window_overlap, int)
+            or not 0 <= window_overlap < window_size
+        ):
             raise ValueError(
-                f"window_overlap must satisfy 0 <= window_overlap < window_size={self.window_size}, got "
-                f"window_overlap={self.window_overlap!r}"
+                f"window_overlap must satisfy 0 <= window_overlap < window_size={window_size}, got "
+                f"window_overlap={window_overlap!r}"
             )
+
+    def check_model_settings(self) -> None:
+        """Raise `ValueError` naming the first invalid field other than the window schedule; checked on every forward,
+        since the config may have been changed after the model was built."""
         if not isinstance(self.insertion_layer, int) or not 0 <= self.insertion_layer < self.n_layer:
             raise ValueError(
                 f"insertion_layer must be a block index in [0, n_layer={self.n_layer}), got "

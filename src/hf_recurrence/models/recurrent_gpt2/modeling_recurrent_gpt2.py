@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -183,7 +183,9 @@ class RecurrentGPT2State:
     """Everything the recurrent GPT-2 carries from one call to the next, passed as `past_key_values`.
 
     The model reads its input in windows of `window_size` tokens that repeat the last `window_overlap` tokens of the
-    previous window. The state holds, per batch row:
+    previous window. The schedule belongs to the state, not to the model: it defaults to the config's and may be
+    given explicitly (to evaluate with another window size without touching `model.config`); it is fixed for the
+    state's life. The state holds, per batch row:
 
     - `keys[i]`, `values[i]`: `(batch, n_head, slots, head_dim)` key/value cache of block `i` for the current window
       (slots that are padding are marked in `slot_valid`, `(batch, slots)`),
@@ -221,10 +223,14 @@ class RecurrentGPT2State:
         batch_size: int,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
+        window_size: int | None = None,
+        window_overlap: int | None = None,
     ):
+        window_size = config.window_size if window_size is None else window_size
+        window_overlap = config.window_overlap if window_overlap is None else window_overlap
+        config.check_window_schedule(window_size, window_overlap)
+        self._window_size, self._window_overlap = window_size, window_overlap
         heads, head_dim = config.n_head, config.hidden_size // config.n_head
-        self.window_size = config.window_size
-        self.window_overlap = config.window_overlap
         empty_cache = torch.zeros(batch_size, heads, 0, head_dim, device=device, dtype=dtype)
         self.keys = [empty_cache] * config.n_layer
         self.values = [empty_cache] * config.n_layer
@@ -235,10 +241,8 @@ class RecurrentGPT2State:
         self.memory = torch.zeros(batch_size, config.hidden_size, device=device, dtype=dtype)
         self.memory_key = torch.zeros(batch_size, heads, 1, head_dim, device=device, dtype=dtype)
         self.memory_value = torch.zeros_like(self.memory_key)
-        self.overlap_embeds = torch.zeros(
-            batch_size, config.window_overlap, config.hidden_size, device=device, dtype=dtype
-        )
-        self.overlap_valid = torch.zeros(batch_size, config.window_overlap, dtype=torch.bool, device=device)
+        self.overlap_embeds = torch.zeros(batch_size, window_overlap, config.hidden_size, device=device, dtype=dtype)
+        self.overlap_valid = torch.zeros(batch_size, window_overlap, dtype=torch.bool, device=device)
         self.seen_tokens = 0
 
     # generate() asks every cache whether it can be compiled.
@@ -259,6 +263,16 @@ class RecurrentGPT2State:
     @property
     def batch_size(self) -> int:
         return self.fill.shape[0]
+
+    @property
+    def window_size(self) -> int:
+        """Tokens per window of this state's run (read-only: the rows' fill counts are relative to it)."""
+        return self._window_size
+
+    @property
+    def window_overlap(self) -> int:
+        """Tokens each window re-reads from the one before (read-only: `overlap_embeds` is sized by it)."""
+        return self._window_overlap
 
     @property
     def has_memory(self) -> torch.Tensor:
@@ -401,6 +415,24 @@ class RecurrentGPT2PreTrainedModel(PreTrainedModel):
     def _supports_default_dynamic_cache(cls) -> bool:
         # generate() must not hand us a DynamicCache: the model creates and returns its own RecurrentGPT2State.
         return False
+
+    def new_state(
+        self, batch_size: int, window_size: int | None = None, window_overlap: int | None = None
+    ) -> RecurrentGPT2State:
+        """A fresh state for `batch_size` rows on the model's device and dtype, to pass as `past_key_values`.
+
+        Its window schedule defaults to the config's; give `window_size` / `window_overlap` to read with another
+        schedule without changing `model.config` (which other callers of the model may be using meanwhile).
+        """
+        weight = self.get_input_embeddings().weight
+        return RecurrentGPT2State(
+            self.config,
+            batch_size,
+            weight.device,
+            weight.dtype,
+            window_size=window_size,
+            window_overlap=window_overlap,
+        )
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -557,7 +589,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         Each step covers columns that stay inside every row's current window; a row whose window is full starts a
         new one (re-reading its overlap) just before its next real token.
         """
-        window, overlap = self.config.window_size, self.config.window_overlap
+        window, overlap = state.window_size, state.window_overlap
         length = inputs_embeds.shape[1]
         steps = []
         start = 0
@@ -634,6 +666,8 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         batch, length = inputs_embeds.shape[:2]
         if length == 0:
             raise ValueError("The input is empty (length 0)")
+        # The config may have been changed since the model was built; integer checks only, no device sync.
+        self.config.check_model_settings()
         if past_key_values is None:
             past_key_values = RecurrentGPT2State(self.config, batch, inputs_embeds.device, inputs_embeds.dtype)
         elif not isinstance(past_key_values, RecurrentGPT2State):
@@ -644,6 +678,8 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
             raise ValueError(
                 f"past_key_values holds {past_key_values.batch_size} rows but the input has batch size {batch}"
             )
+        else:
+            self.config.check_window_schedule(past_key_values.window_size, past_key_values.window_overlap)
         if attention_mask is None:
             real = torch.ones(batch, length, dtype=torch.bool, device=inputs_embeds.device)
         else:
@@ -675,7 +711,9 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
                 1 for real tokens, 0 for padding (anywhere; padding never changes real tokens' outputs). May also
                 cover the past tokens, as `generate()` passes it; then its last `sequence_length` columns are used.
             past_key_values ([`RecurrentGPT2State`], *optional*):
-                State returned by a previous call; the input continues that text exactly.
+                State returned by a previous call; the input continues that text exactly. A fresh
+                `RecurrentGPT2State(config, batch_size, window_size=..., window_overlap=...)` runs the input with
+                that window schedule instead of the config's; the schedule always comes from the state.
             inputs_embeds (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`, *optional*):
                 Token embeddings instead of `input_ids`.
             use_cache (`bool`, *optional*, defaults to `True`):
@@ -739,6 +777,26 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
         """Summed cross-entropy of already shifted labels, divided by the item count of the whole input."""
         return self.loss_function(
             logits, None, self.config.vocab_size, shift_labels=shift_labels, num_items_in_batch=num_items
+        )
+
+    def _prepare_cache_for_generation(self, generation_config: GenerationConfig, model_kwargs: dict, *args, **kwargs):
+        # generate() would only warn that a cache_implementation "will be ignored" and run anyway.
+        if generation_config.cache_implementation is not None:
+            raise ValueError(
+                f"cache_implementation={generation_config.cache_implementation!r} cannot be honoured by "
+                f"{type(self).__name__}: the model carries its own recurrent state of bounded size (returned as "
+                "past_key_values) instead of a transformers Cache, so there is no cache to choose. Remove "
+                "cache_implementation from the generate() call or from the generation config (generation_config.json); "
+                "a fixed-size cache for the recurrent state is future work"
+            )
+        return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+
+    def init_continuous_batching(self, *args, **kwargs):
+        # generate(cache_implementation="paged") and generate_batch() come here, past _prepare_cache_for_generation.
+        raise ValueError(
+            f"Continuous batching (cache_implementation='paged', generate_batch()) cannot be used with "
+            f"{type(self).__name__}: it needs a paged key/value cache, and the model carries its own recurrent state "
+            "instead. Call generate() without cache_implementation; batched prompts may be left-padded"
         )
 
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:

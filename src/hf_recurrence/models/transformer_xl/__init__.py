@@ -1,6 +1,6 @@
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from .configuration_transformer_xl import TransformerXLConfig
+from .configuration_transformer_xl import LegacyTransfoXLConfig, TransformerXLConfig
 from .modeling_transformer_xl import (
     TransformerXLLMHeadModel,
     TransformerXLModel,
@@ -10,6 +10,7 @@ from .modeling_transformer_xl import (
 
 
 AutoConfig.register(TransformerXLConfig.model_type, TransformerXLConfig, exist_ok=True)
+AutoConfig.register(LegacyTransfoXLConfig.model_type, LegacyTransfoXLConfig, exist_ok=True)
 AutoModel.register(TransformerXLConfig, TransformerXLModel, exist_ok=True)
 AutoModelForCausalLM.register(TransformerXLConfig, TransformerXLLMHeadModel, exist_ok=True)
 

@@ -2,6 +2,8 @@
 """Configuration of Transformer-XL (Dai et al. 2019, "Transformer-XL: Attentive Language Models Beyond a
 Fixed-Length Context")."""
 
+from typing import Any
+
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
@@ -112,23 +114,66 @@ class TransformerXLConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
         self.check_transformer_xl_settings()
 
+    @classmethod
+    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs) -> tuple[dict[str, Any], dict[str, Any]]:
+        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+        # Here, before transformers warns about the model type mismatch, when the source is known.
+        _refuse_legacy_checkpoint(config_dict, source=str(pretrained_model_name_or_path))
+        return config_dict, kwargs
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> "TransformerXLConfig":
+        # AutoConfig (and through it the Auto model classes) reads the dict itself and arrives here directly.
+        _refuse_legacy_checkpoint(config_dict)
+        return super().from_dict(config_dict, **kwargs)
+
     def validate_transformer_xl_settings(self):
         """Part of `@strict` validation, so a config changed after construction is checked again when saved."""
         self.check_transformer_xl_settings()
 
     def check_transformer_xl_settings(self) -> None:
         """Raise `ValueError` naming the first invalid field and its value."""
-        for name in ("vocab_size", "d_model", "n_head", "d_head", "d_inner", "n_layer", "segment_length"):
+        for name in ("vocab_size", "d_model", "n_head", "d_head", "d_inner", "n_layer"):
             _check_int(name, getattr(self, name), minimum=1)
-        _check_int("mem_len", self.mem_len, minimum=0)
-        if self.clamp_len is not None:
-            _check_int("clamp_len", self.clamp_len, minimum=0)
+        self.check_segment_schedule()
         for name in ("dropout", "dropatt"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
                 raise ValueError(f"{name} must be a probability in [0, 1), got {name}={value!r}")
         if self.d_model % 2:
             raise ValueError(f"d_model must be even for the sinusoidal position encoding, got d_model={self.d_model}")
+
+    def check_segment_schedule(self) -> None:
+        """Raise `ValueError` naming an invalid `segment_length`, `mem_len` or `clamp_len`: the fields every forward
+        reads, checked again there since the config may have been changed after the model was built."""
+        _check_int("segment_length", self.segment_length, minimum=1)
+        _check_int("mem_len", self.mem_len, minimum=0)
+        if self.clamp_len is not None:
+            _check_int("clamp_len", self.clamp_len, minimum=0)
+
+
+# The model type of transformers 4.x's TransfoXL, which transformers 5 no longer has.
+LEGACY_MODEL_TYPE = "transfo-xl"
+
+
+def _refuse_legacy_checkpoint(config_dict: dict[str, Any], source: str | None = None) -> None:
+    """An old checkpoint would otherwise load with every weight left random, under warnings only."""
+    if config_dict.get("model_type") != LEGACY_MODEL_TYPE:
+        return
+    raise ValueError(
+        f"{source or 'This config'} is a transformers 4.x TransfoXLLMHeadModel checkpoint (model_type "
+        "'transfo-xl'). Its layout, adaptive input embeddings and an adaptive softmax (weights "
+        "transformer.word_emb.emb_layers.* and crit.out_layers.*), cannot be loaded into TransformerXLLMHeadModel, "
+        "which has one embedding tied to a plain softmax: every weight would be left random. No converter exists "
+        "yet; load it with transformers 4.x, or train a TransformerXLLMHeadModel."
+    )
+
+
+class LegacyTransfoXLConfig(TransformerXLConfig):
+    """Registered with `AutoConfig` under the old model type only so that Auto loading of such a checkpoint reaches
+    [`TransformerXLConfig.from_dict`]'s explanation instead of "Transformers does not recognize this architecture"."""
+
+    model_type = LEGACY_MODEL_TYPE
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.utils import ModelOutput, logging
 
@@ -520,6 +520,8 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         batch, length = inputs_embeds.shape[:2]
         if length == 0:
             raise ValueError("The input is empty (length 0)")
+        # The config may have been changed since the model was built; integer checks only, no device sync.
+        self.config.check_segment_schedule()
         if past_key_values is None:
             past_key_values = TransformerXLState(self.config, batch, inputs_embeds.device, inputs_embeds.dtype)
         elif not isinstance(past_key_values, TransformerXLState):
@@ -608,6 +610,28 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
+
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2LMHeadModel (model folders
+    # must stay self-contained for remote code).
+    def _prepare_cache_for_generation(self, generation_config: GenerationConfig, model_kwargs: dict, *args, **kwargs):
+        # generate() would only warn that a cache_implementation "will be ignored" and run anyway.
+        if generation_config.cache_implementation is not None:
+            raise ValueError(
+                f"cache_implementation={generation_config.cache_implementation!r} cannot be honoured by "
+                f"{type(self).__name__}: the model carries its own recurrent state of bounded size (returned as "
+                "past_key_values) instead of a transformers Cache, so there is no cache to choose. Remove "
+                "cache_implementation from the generate() call or from the generation config (generation_config.json); "
+                "a fixed-size cache for the recurrent state is future work"
+            )
+        return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+
+    def init_continuous_batching(self, *args, **kwargs):
+        # generate(cache_implementation="paged") and generate_batch() come here, past _prepare_cache_for_generation.
+        raise ValueError(
+            f"Continuous batching (cache_implementation='paged', generate_batch()) cannot be used with "
+            f"{type(self).__name__}: it needs a paged key/value cache, and the model carries its own recurrent state "
+            "instead. Call generate() without cache_implementation; batched prompts may be left-padded"
+        )
 
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.lm_head = new_embeddings
