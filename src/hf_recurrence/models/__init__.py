@@ -15,6 +15,13 @@ from .recurrent_gpt2 import (
     RecurrentGPT2PreTrainedModel,
     RecurrentGPT2State,
 )
+from .recurrent_llama import (
+    RecurrentLlamaConfig,
+    RecurrentLlamaForCausalLM,
+    RecurrentLlamaModel,
+    RecurrentLlamaPreTrainedModel,
+    RecurrentLlamaState,
+)
 from .transformer_xl import (
     TransformerXLConfig,
     TransformerXLLMHeadModel,

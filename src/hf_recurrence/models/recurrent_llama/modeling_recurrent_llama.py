@@ -1,0 +1,826 @@
+# SPDX-License-Identifier: Apache-2.0
+"""PyTorch recurrent Llama: a pretrained Llama-architecture decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU)
+that reads text window by window and carries a one-vector summary of the past, after Yoshida, Ettinger and Gimpel
+(2020), "Adding Recurrence to Pretrained Transformers for Improved Efficiency and Context Size". Submodule names
+follow transformers' Llama so that Llama checkpoints load unchanged; the only new parameters live under
+`model.recurrence`."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import (
+    LlamaAttention,
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+    eager_attention_forward,
+)
+from transformers.utils import ModelOutput, logging
+
+from .configuration_recurrent_llama import RecurrentLlamaConfig, check_window_schedule
+
+
+logger = logging.get_logger(__name__)
+
+
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._right_packing_index
+def _right_packing_index(valid: torch.Tensor, width: int) -> torch.Tensor:
+    """For each row, the indices of its slots with the valid ones last (in their original order), keeping `width`.
+
+    valid: (batch, slots) bool. Returns (batch, width) long.
+    """
+    order = torch.argsort(valid.to(torch.int8), dim=1, stable=True)
+    return order[:, order.shape[1] - width :]
+
+
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._gather_slots
+def _gather_slots(tensor: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
+    """Gather `index` (batch, width) along `dim` of a tensor whose first dimension is the batch."""
+    shape = [1] * tensor.dim()
+    shape[0], shape[dim] = index.shape
+    expanded = index.view(shape).expand(*tensor.shape[:dim], index.shape[1], *tensor.shape[dim + 1 :])
+    return tensor.gather(dim, expanded)
+
+
+class RecurrentLlamaAttention(LlamaAttention):
+    """Llama self-attention (grouped-query, RoPE) whose keys/values are `[h_prev] + cached window + new tokens`."""
+
+    def key_value(
+        self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (rotated by `position_embeddings` unless None) and values of already normed inputs (batch, seq,
+        hidden), as (batch, kv_head, seq, head_dim)."""
+        hidden_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        if position_embeddings is not None:
+            cos, sin = position_embeddings
+            # apply_rotary_pos_emb rotates a query and a key together; only the key exists here.
+            _, key = apply_rotary_pos_emb(key, key, cos, sin)
+        return key, value
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        past_key: torch.Tensor | None,
+        past_value: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        memory: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        input_shape = hidden_states.shape[:-1]
+        query = self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim).transpose(1, 2)
+        key, value = self.key_value(hidden_states, None)
+        cos, sin = position_embeddings
+        query, key = apply_rotary_pos_emb(query, key, cos, sin)  # (batch, head | kv_head, seq, head_dim)
+        if past_key is not None:
+            key = torch.cat([past_key, key], dim=2)  # (batch, kv_head, slots + seq, head_dim)
+            value = torch.cat([past_value, value], dim=2)
+        attn_key, attn_value = key, value
+        if memory is not None:
+            # h_prev is one extra key/value per key-value head only: it never becomes a query.
+            attn_key = torch.cat([memory[0], key], dim=2)
+            attn_value = torch.cat([memory[1], value], dim=2)
+
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, _ = attention_interface(
+            self,
+            query,
+            attn_key,
+            attn_value,
+            attention_mask,
+            dropout=self.attention_dropout if self.training else 0.0,
+            scaling=self.scaling,
+        )
+        attn_output = self.o_proj(attn_output.reshape(*input_shape, -1).contiguous())  # (batch, seq, hidden)
+        return attn_output, key, value
+
+
+class RecurrentLlamaDecoderLayer(nn.Module):
+    """transformers' Llama decoder layer with the recurrent attention; same submodule names."""
+
+    def __init__(self, config: RecurrentLlamaConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = RecurrentLlamaAttention(config=config, layer_idx=layer_idx)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def memory_key_value(
+        self, h_prev: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`h_prev` (batch, hidden) enters this layer like a token: through `input_layernorm` and the key/value
+        projections, giving 2 x (batch, kv_head, 1, head_dim)."""
+        return self.self_attn.key_value(self.input_layernorm(h_prev[:, None]), position_embeddings)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        past_key: torch.Tensor | None,
+        past_value: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        memory: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        attn_output, key, value = self.self_attn(
+            self.input_layernorm(hidden_states), position_embeddings, past_key, past_value, attention_mask, memory
+        )
+        hidden_states = hidden_states + attn_output
+        hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+        return hidden_states, key, value
+
+
+class RecurrentLlamaRecurrence(nn.Module):
+    """The paper's recurrence module: softmax-normalised layer weights and the feed-forward network to `h_prev`."""
+
+    def __init__(self, config: RecurrentLlamaConfig):
+        super().__init__()
+        # alpha of paper Eq. 1, one logit per layer output
+        self.layer_weight_logits = nn.Parameter(torch.zeros(config.num_hidden_layers))
+        sizes = [config.hidden_size, *config.recurrence_hidden_sizes]
+        layers: list[nn.Module] = []
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
+            layers += [nn.Linear(fan_in, fan_out), ACT2FN[config.hidden_act]]
+        layers.append(nn.Linear(sizes[-1], config.hidden_size))
+        self.ffn = nn.Sequential(*layers)
+
+    def layer_weights(self) -> torch.Tensor:
+        return torch.softmax(self.layer_weight_logits.float(), dim=0)  # (num_hidden_layers,)
+
+    def forward(self, window_summary: torch.Tensor) -> torch.Tensor:
+        return self.ffn(window_summary)  # (batch, hidden)
+
+
+class RecurrentLlamaState:
+    """Everything the recurrent Llama carries from one call to the next, passed as `past_key_values`.
+
+    The model reads its input in windows of `window_size` tokens that repeat the last `window_overlap` tokens of the
+    previous window (both default to the config's; pass others to read with another schedule). The state holds, per
+    batch row:
+
+    - `keys[i]`, `values[i]`: `(batch, num_key_value_heads, slots, head_dim)` key/value cache of layer `i` for the
+      current window, keys already rotated (slots that are padding are marked in `slot_valid`, `(batch, slots)`),
+    - `fill`: `(batch,)` real tokens in the current window, and `window_index`: `(batch,)` windows completed,
+    - `pooled_sum`: `(batch, hidden)` float32 running sum of the layer-weighted hidden states of the current window,
+    - `memory`: `(batch, hidden)` the current window's `h_prev` with its key/value at the insertion layer,
+      `memory_key`/`memory_value`: `(batch, num_key_value_heads, 1, head_dim)` (unused while `window_index == 0`),
+    - `overlap_embeds`: `(batch, window_overlap, hidden)` token embeddings of the last `window_overlap` real tokens,
+      which the next window starts by re-reading, with `overlap_valid`: `(batch, window_overlap)`.
+
+    Rows advance independently, so a left-padded batch gives every row what it gets alone. Memory is bounded by one
+    window whatever the length read. Tensors keep their autograd history; call `detach()` between calls to truncate
+    backpropagation through time.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from hf_recurrence import RecurrentLlamaConfig, RecurrentLlamaForCausalLM
+
+    >>> model = RecurrentLlamaForCausalLM(RecurrentLlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
+    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+    ...     window_size=8, insertion_layer=1)).eval()
+    >>> ids = torch.randint(0, 100, (1, 20))
+    >>> out = model(ids[:, :13])
+    >>> out = model(ids[:, 13:], past_key_values=out.past_key_values)
+    >>> out.past_key_values.get_seq_length()
+    20
+
+    ```
+    """
+
+    def __init__(
+        self,
+        config: RecurrentLlamaConfig,
+        batch_size: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+        window_size: int | None = None,
+        window_overlap: int | None = None,
+    ):
+        self.window_size = config.window_size if window_size is None else window_size
+        self.window_overlap = config.window_overlap if window_overlap is None else window_overlap
+        check_window_schedule(self.window_size, self.window_overlap, config.max_position_embeddings)
+        heads, head_dim = config.num_key_value_heads, config.head_dim
+        empty_cache = torch.zeros(batch_size, heads, 0, head_dim, device=device, dtype=dtype)
+        self.keys = [empty_cache] * config.num_hidden_layers
+        self.values = [empty_cache] * config.num_hidden_layers
+        self.slot_valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
+        self.fill = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.window_index = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.pooled_sum = torch.zeros(batch_size, config.hidden_size, device=device, dtype=torch.float32)
+        self.memory = torch.zeros(batch_size, config.hidden_size, device=device, dtype=dtype)
+        self.memory_key = torch.zeros(batch_size, heads, 1, head_dim, device=device, dtype=dtype)
+        self.memory_value = torch.zeros_like(self.memory_key)
+        self.overlap_embeds = torch.zeros(
+            batch_size, self.window_overlap, config.hidden_size, device=device, dtype=dtype
+        )
+        self.overlap_valid = torch.zeros(batch_size, self.window_overlap, dtype=torch.bool, device=device)
+        self.seen_tokens = 0
+
+    # generate() asks every cache whether it can be compiled.
+    is_compileable = False
+
+    _BATCH_TENSORS = (
+        "slot_valid",
+        "fill",
+        "window_index",
+        "pooled_sum",
+        "memory",
+        "memory_key",
+        "memory_value",
+        "overlap_embeds",
+        "overlap_valid",
+    )
+
+    @property
+    def batch_size(self) -> int:
+        return self.fill.shape[0]
+
+    @property
+    def has_memory(self) -> torch.Tensor:
+        """(batch,) bool: whether the current window of each row has an `h_prev` (every window but the first)."""
+        return self.window_index > 0
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Number of input positions (padding included) consumed so far; what `generate` slices new tokens by."""
+        return self.seen_tokens
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "RecurrentLlamaState":
+        self.keys = [fn(k) for k in self.keys]
+        self.values = [fn(v) for v in self.values]
+        for name in self._BATCH_TENSORS:
+            setattr(self, name, fn(getattr(self, name)))
+        return self
+
+    def detach(self) -> "RecurrentLlamaState":
+        """Cut the autograd history of every tensor (truncated BPTT between calls). Returns `self`."""
+        return self._map(torch.Tensor.detach)
+
+    def reset(self) -> "RecurrentLlamaState":
+        """Forget everything: the next token starts a fresh first window. Returns `self`."""
+        self.slot_valid = torch.zeros_like(self.slot_valid)
+        self.compact()
+        for name in ("fill", "window_index", "pooled_sum", "memory", "memory_key", "memory_value"):
+            setattr(self, name, torch.zeros_like(getattr(self, name)))
+        self.overlap_embeds = torch.zeros_like(self.overlap_embeds)
+        self.overlap_valid = torch.zeros_like(self.overlap_valid)
+        self.seen_tokens = 0
+        return self
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "RecurrentLlamaState":
+        """Move to `device`; floating tensors other than the float32 pooled sum are cast to `dtype`. Returns `self`."""
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            cast = dtype if dtype is not None and t.is_floating_point() and t is not self.pooled_sum else None
+            return t.to(device=device, dtype=cast)
+
+        return self._map(move)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Select batch rows (beam search): row `i` becomes old row `beam_idx[i]`."""
+        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def compact(self) -> None:
+        """Drop cache slots that no row needs, moving each row's valid slots to the right."""
+        slots = self.slot_valid.shape[1]
+        width = int(self.slot_valid.sum(1).max()) if slots else 0
+        if width == slots:
+            return
+        if width == 0:
+            # Fresh empty tensors: a gather or a slice would keep the dropped keys' storage alive in the autograd graph.
+            self.keys = [k.new_zeros(*k.shape[:2], 0, k.shape[3]) for k in self.keys]
+            self.values = [v.new_zeros(*v.shape[:2], 0, v.shape[3]) for v in self.values]
+            self.slot_valid = self.slot_valid.new_zeros(self.batch_size, 0)
+            return
+        index = _right_packing_index(self.slot_valid, width)
+        self.keys = [_gather_slots(k, index, 2) for k in self.keys]
+        self.values = [_gather_slots(v, index, 2) for v in self.values]
+        self.slot_valid = self.slot_valid.gather(1, index)
+
+    def remember_overlap(self, embeds: torch.Tensor, real: torch.Tensor) -> None:
+        """Keep the embeddings of the last `window_overlap` real tokens: (batch, new, hidden), (batch, new)."""
+        if self.window_overlap == 0:
+            return
+        embeds = torch.cat([self.overlap_embeds, embeds], dim=1)
+        real = torch.cat([self.overlap_valid, real], dim=1)
+        index = _right_packing_index(real, self.window_overlap)
+        self.overlap_embeds = _gather_slots(embeds, index, 1)
+        self.overlap_valid = real.gather(1, index)
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}(batch_size={self.batch_size}, seen_tokens={self.seen_tokens}, "
+            f"window_size={self.window_size}, window_overlap={self.window_overlap}, "
+            f"fill={self.fill.tolist()}, window_index={self.window_index.tolist()}, "
+            f"cache_slots={self.slot_valid.shape[1]})"
+        )
+
+
+@dataclass
+class RecurrentLlamaModelOutput(ModelOutput):
+    """
+    Args:
+        last_hidden_state (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`):
+            Final hidden state of every input position, taken from the window in which the position is new.
+        past_key_values ([`RecurrentLlamaState`], *optional*):
+            State to continue from, returned when `use_cache=True`.
+        hidden_states (`tuple(torch.FloatTensor)`, *optional*):
+            Embedding output and every layer's output, `(batch_size, sequence_length, hidden_size)` each.
+    """
+
+    last_hidden_state: torch.FloatTensor | None = None
+    past_key_values: RecurrentLlamaState | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class RecurrentLlamaCausalLMOutput(ModelOutput):
+    """
+    Args:
+        loss (`torch.FloatTensor` of shape `()`, *optional*):
+            Causal language-modelling loss over the whole input (each token predicted once), when `labels` is given.
+        logits (`torch.FloatTensor` of shape `(batch_size, sequence_length, vocab_size)`, *optional*):
+            Next-token scores (of the last `logits_to_keep` positions if given). Omitted when `labels` is given,
+            unless `return_logits=True`.
+        past_key_values ([`RecurrentLlamaState`], *optional*):
+            State to continue from, returned when `use_cache=True`.
+        hidden_states (`tuple(torch.FloatTensor)`, *optional*):
+            Embedding output and every layer's output, `(batch_size, sequence_length, hidden_size)` each.
+    """
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    past_key_values: RecurrentLlamaState | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+
+
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._StepOutput
+@dataclass
+class _StepOutput:
+    hidden: torch.Tensor  # (batch, new, hidden) final hidden states of the step's new positions
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    pooled: torch.Tensor  # (batch, hidden) float32 layer-weighted sum over the step's real positions
+    all_hidden: tuple[torch.Tensor, ...] | None
+    head: torch.Tensor | None  # what step_head returned (the window's loss)
+
+
+class RecurrentLlamaPreTrainedModel(PreTrainedModel):
+    config_class = RecurrentLlamaConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["RecurrentLlamaDecoderLayer"]
+    _supports_sdpa = True
+    _is_stateful = True
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # generate() must not hand us a DynamicCache: the model creates and returns its own RecurrentLlamaState.
+        return False
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, RecurrentLlamaRecurrence):
+            # Equal layer weights to start with: the summary is the plain mean over layers.
+            init.zeros_(module.layer_weight_logits)
+
+
+class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
+    """Llama decoder with window-level recurrence; returns the final hidden state of every input position."""
+
+    def __init__(self, config: RecurrentLlamaConfig):
+        super().__init__(config)
+        config.check_recurrence_settings()
+        self.padding_idx = config.pad_token_id
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        self.layers = nn.ModuleList(
+            [RecurrentLlamaDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
+        )
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        self.recurrence = RecurrentLlamaRecurrence(config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, new_embeddings: nn.Embedding) -> None:
+        self.embed_tokens = new_embeddings
+
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2Model._attention_masks
+    def _attention_masks(
+        self, real: torch.Tensor, slot_valid: torch.Tensor, has_memory: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Masks for the ordinary blocks and for the insertion block, (batch, 1, new, [1 +] slots + new).
+
+        A query sees the valid cached slots, the real new tokens up to itself, and itself (so padding queries never
+        see an empty row); at the insertion block also `h_prev` where the row has one.
+        """
+        batch, new = real.shape
+        slots = slot_valid.shape[1]
+        eager = self.config._attn_implementation == "eager"
+        plain = None
+        if eager or slots or not bool(real.all()):
+            causal = torch.ones(new, new, dtype=torch.bool, device=real.device).tril()
+            own = torch.eye(new, dtype=torch.bool, device=real.device)
+            new_part = (causal & real[:, None, :]) | own  # (batch, new, new)
+            plain = torch.cat([slot_valid[:, None, :].expand(batch, new, slots), new_part], dim=-1)[:, None]
+        memory_part = has_memory[:, None, None, None].expand(batch, 1, new, 1)
+        if plain is None:
+            causal = torch.ones(new, new, dtype=torch.bool, device=real.device).tril()
+            inserted = torch.cat([memory_part, causal.expand(batch, 1, new, new)], dim=-1)
+        else:
+            inserted = torch.cat([memory_part, plain], dim=-1)
+        if eager:
+            plain, inserted = (
+                torch.zeros_like(m, dtype=dtype).masked_fill(~m, torch.finfo(dtype).min) for m in (plain, inserted)
+            )
+        return plain, inserted
+
+    def _step(
+        self,
+        embeds: torch.Tensor,
+        real: torch.Tensor,
+        fill: torch.Tensor,
+        slot_valid: torch.Tensor,
+        has_memory: torch.Tensor,
+        memory_key: torch.Tensor,
+        memory_value: torch.Tensor,
+        labels: torch.Tensor | None,
+        *past: torch.Tensor,
+        num_new: int,
+        step_head: Callable | None,
+        output_hidden_states: bool,
+    ) -> _StepOutput:
+        """Run every layer over one stretch of columns that stays inside each row's current window.
+
+        embeds: (batch, cols, hidden) token embeddings (a re-read overlap prefix, then `num_new` new columns);
+        real: (batch, cols) bool; fill: (batch,) tokens already in each row's window; `past` = the cached keys of
+        every layer, then their values. Pure in its tensor arguments, so it can be recomputed under checkpointing.
+        """
+        num_layers = self.config.num_hidden_layers
+        positions = (fill[:, None] + real.cumsum(1) - 1).clamp(min=0)  # (batch, cols): restart in every window
+        hidden = embeds
+        position_embeddings = self.rotary_emb(hidden, positions)  # cos, sin: (batch, cols, head_dim)
+        plain_mask, inserted_mask = self._attention_masks(real, slot_valid, has_memory, hidden.dtype)
+        use_memory = bool(has_memory.any())
+        layer_weights = self.recurrence.layer_weights()
+        real_f = real[..., None].float()
+        pooled = torch.zeros(hidden.shape[0], hidden.shape[2], device=hidden.device)
+        all_hidden = [hidden[:, -num_new:]] if output_hidden_states else None
+        keys, values = [], []
+        for i, layer in enumerate(self.layers):
+            past_key = past[i] if past[i].shape[2] else None
+            past_value = past[num_layers + i] if past_key is not None else None
+            inserting = use_memory and i == self.config.insertion_layer
+            hidden, key, value = layer(
+                hidden,
+                position_embeddings,
+                past_key,
+                past_value,
+                inserted_mask if inserting else plain_mask,
+                (memory_key, memory_value) if inserting else None,
+            )
+            keys.append(key)
+            values.append(value)
+            if i == num_layers - 1:
+                hidden = self.norm(hidden)
+            pooled = pooled + layer_weights[i] * (hidden.float() * real_f).sum(1)
+            if all_hidden is not None:
+                all_hidden.append(hidden[:, -num_new:])
+        hidden = hidden[:, -num_new:]
+        head = step_head(hidden, labels) if step_head is not None else None
+        return _StepOutput(hidden, keys, values, pooled, tuple(all_hidden) if all_hidden else None, head)
+
+    def _memory_key_value(self, h_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`h_prev` (batch, hidden) as the insertion layer's extra key/value, rotated per `h_prev_rope_position`."""
+        rope_position = self.config.h_prev_rope_position
+        position_embeddings = None
+        if rope_position is not None:
+            positions = torch.full((h_prev.shape[0], 1), rope_position, dtype=torch.long, device=h_prev.device)
+            position_embeddings = self.rotary_emb(h_prev, positions)
+        return self.layers[self.config.insertion_layer].memory_key_value(h_prev, position_embeddings)
+
+    def _begin_window(self, state: RecurrentLlamaState, starting: torch.Tensor) -> None:
+        """Close the current window of the `starting` rows: summarise it into `h_prev` and clear their cache."""
+        summary = state.pooled_sum / state.fill.clamp(min=1)[:, None]  # (batch, hidden): mean over the window
+        k = self.config.bptt_windows
+        if k is not None and self.training:
+            # Windows 1..k+1, k+2..2k+2, ... form the runs gradient may cross; cut at the window before each run.
+            cut = (state.window_index % (k + 1) == 0)[:, None]
+            summary = torch.where(cut, summary.detach(), summary)
+        h_prev = self.recurrence(summary.to(state.memory.dtype))
+        memory_key, memory_value = self._memory_key_value(h_prev)
+        rows = starting[:, None]
+        state.memory = torch.where(rows, h_prev, state.memory)
+        state.memory_key = torch.where(rows[:, :, None, None], memory_key, state.memory_key)
+        state.memory_value = torch.where(rows[:, :, None, None], memory_value, state.memory_value)
+        state.pooled_sum = torch.where(rows, torch.zeros_like(state.pooled_sum), state.pooled_sum)
+        state.window_index = state.window_index + starting.long()
+        state.fill = torch.where(starting, torch.zeros_like(state.fill), state.fill)
+        state.slot_valid = state.slot_valid & ~rows
+        state.compact()
+
+    def _forward_windows(
+        self,
+        inputs_embeds: torch.Tensor,
+        real: torch.Tensor,
+        state: RecurrentLlamaState,
+        shift_labels: torch.Tensor | None = None,
+        step_head: Callable | None = None,
+        output_hidden_states: bool = False,
+    ) -> list[_StepOutput]:
+        """Feed (batch, length, hidden) embeddings through the state's window schedule, advancing `state` in place.
+
+        Each step covers columns that stay inside every row's current window; a row whose window is full starts a
+        new one (re-reading its overlap) just before its next real token.
+        """
+        window, overlap = state.window_size, state.window_overlap
+        length = inputs_embeds.shape[1]
+        steps = []
+        start = 0
+        while start < length:
+            pending = real[:, start:].any(1)
+            starting = (state.fill == window) & pending
+            if bool(starting.any()):
+                self._begin_window(state, starting)
+            reread = overlap if overlap and bool(starting.any()) else 0
+            room = window - state.fill - reread * starting.long()
+            stop = start + min(length - start, int(room[pending].min()) if bool(pending.any()) else length)
+            new_real = real[:, start:stop]
+            embeds, step_real = inputs_embeds[:, start:stop], new_real
+            if reread:
+                embeds = torch.cat([state.overlap_embeds, embeds], dim=1)
+                step_real = torch.cat([state.overlap_valid & starting[:, None], new_real], dim=1)
+            args = (
+                embeds,
+                step_real,
+                state.fill,
+                state.slot_valid,
+                state.has_memory,
+                state.memory_key,
+                state.memory_value,
+                shift_labels[:, start:stop].contiguous() if shift_labels is not None else None,
+                *state.keys,
+                *state.values,
+            )
+            kwargs = {"num_new": stop - start, "step_head": step_head, "output_hidden_states": output_hidden_states}
+            if self.gradient_checkpointing and self.training:
+                step = self._gradient_checkpointing_func(self._step, *args, **kwargs)
+            else:
+                step = self._step(*args, **kwargs)
+            state.keys, state.values = step.keys, step.values
+            # The state owns the cache now; a reference left here would keep every window's cache alive until return.
+            step.keys = step.values = []
+            state.slot_valid = torch.cat([state.slot_valid, step_real], dim=1)
+            if state.slot_valid.shape[1] > window:
+                # Padding columns occupy slots without filling windows; drop them so memory stays one window.
+                state.compact()
+            state.fill = state.fill + step_real.sum(1)
+            state.pooled_sum = state.pooled_sum + step.pooled
+            state.remember_overlap(inputs_embeds[:, start:stop], new_real)
+            state.seen_tokens += stop - start
+            steps.append(step)
+            start = stop
+        return steps
+
+    def _prepare(
+        self,
+        input_ids: torch.LongTensor | None,
+        attention_mask: torch.Tensor | None,
+        past_key_values: RecurrentLlamaState | None,
+        inputs_embeds: torch.Tensor | None,
+        kwargs: dict,
+    ) -> tuple[torch.Tensor, torch.Tensor, RecurrentLlamaState]:
+        """Validate the inputs; return the new positions' embeddings, their real-token mask and the state."""
+        # No position_ids parameter in forward(), so that generate() does not build any for us.
+        if kwargs.get("position_ids") is not None:
+            raise ValueError(
+                "position_ids cannot be passed to the recurrent Llama: RoPE positions restart at 0 in every window "
+                "and are derived from the window schedule"
+            )
+        if kwargs.get("output_attentions"):
+            raise ValueError("output_attentions=True is not supported by the recurrent Llama")
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            if input_ids.dim() != 2:
+                raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
+            inputs_embeds = self.embed_tokens(input_ids)
+        batch, length = inputs_embeds.shape[:2]
+        if length == 0:
+            raise ValueError("The input is empty (length 0)")
+        if past_key_values is None:
+            past_key_values = RecurrentLlamaState(self.config, batch, inputs_embeds.device, inputs_embeds.dtype)
+        elif not isinstance(past_key_values, RecurrentLlamaState):
+            raise TypeError(
+                f"past_key_values must be a RecurrentLlamaState returned by this model, got "
+                f"{type(past_key_values).__name__}"
+            )
+        elif past_key_values.batch_size != batch:
+            raise ValueError(
+                f"past_key_values holds {past_key_values.batch_size} rows but the input has batch size {batch}"
+            )
+        else:
+            # Cheap, and catches a schedule changed on the state after it was built.
+            check_window_schedule(
+                past_key_values.window_size, past_key_values.window_overlap, self.config.max_position_embeddings
+            )
+            if past_key_values.overlap_embeds.shape[1] != past_key_values.window_overlap:
+                raise ValueError(
+                    f"past_key_values.window_overlap={past_key_values.window_overlap} was changed after the state "
+                    f"was built for window_overlap={past_key_values.overlap_embeds.shape[1]}; build a new "
+                    "RecurrentLlamaState(config, batch_size, window_size=..., window_overlap=...) instead"
+                )
+        if attention_mask is None:
+            real = torch.ones(batch, length, dtype=torch.bool, device=inputs_embeds.device)
+        else:
+            if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] < length:
+                raise ValueError(
+                    f"attention_mask must be (batch, length) for the new tokens or (batch, past + length) as "
+                    f"generate() passes it; got shape {tuple(attention_mask.shape)} for input of shape "
+                    f"{(batch, length)}"
+                )
+            real = attention_mask[:, -length:].to(device=inputs_embeds.device, dtype=torch.bool)
+        return inputs_embeds, real, past_key_values
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: RecurrentLlamaState | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> RecurrentLlamaModelOutput:
+        r"""
+        Args:
+            input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`):
+                Token ids; with `past_key_values`, only the new tokens.
+            attention_mask (`torch.Tensor` of shape `(batch_size, sequence_length)`, *optional*):
+                1 for real tokens, 0 for padding (anywhere; padding never changes real tokens' outputs). May also
+                cover the past tokens, as `generate()` passes it; then its last `sequence_length` columns are used.
+            past_key_values ([`RecurrentLlamaState`], *optional*):
+                State returned by a previous call, or a fresh one with another window schedule; the input continues
+                that text exactly.
+            inputs_embeds (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`, *optional*):
+                Token embeddings instead of `input_ids`.
+            use_cache (`bool`, *optional*, defaults to `True`):
+                Whether to return the state. `config.use_cache` is not consulted: `Trainer` switches it off for
+                training, and a recurrent model's state is part of its result.
+            output_hidden_states (`bool`, *optional*):
+                Whether to return the embedding output and every layer's output.
+        """
+        inputs_embeds, real, state = self._prepare(input_ids, attention_mask, past_key_values, inputs_embeds, kwargs)
+        output_hidden_states = bool(
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        steps = self._forward_windows(inputs_embeds, real, state, output_hidden_states=output_hidden_states)
+        output = RecurrentLlamaModelOutput(
+            last_hidden_state=torch.cat([s.hidden for s in steps], dim=1),
+            past_key_values=state if use_cache is not False else None,
+            hidden_states=_concat_hidden_states(steps) if output_hidden_states else None,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._concat_hidden_states
+def _concat_hidden_states(steps: list[_StepOutput]) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.cat(layer, dim=1) for layer in zip(*(s.all_hidden for s in steps), strict=True))
+
+
+class RecurrentLlamaForCausalLM(RecurrentLlamaPreTrainedModel, GenerationMixin):
+    """Recurrent Llama with Llama's language-modelling head (tied to the input embeddings when
+    `tie_word_embeddings=True`).
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from hf_recurrence import RecurrentLlamaConfig, RecurrentLlamaForCausalLM
+
+    >>> config = RecurrentLlamaConfig(
+    ...     vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    ...     num_key_value_heads=2, max_position_embeddings=32, window_size=16, insertion_layer=1,
+    ... )
+    >>> model = RecurrentLlamaForCausalLM(config)
+    >>> ids = torch.randint(0, 100, (2, 100))  # 7 windows, far past max_position_embeddings
+    >>> model(ids, labels=ids).loss.shape
+    torch.Size([])
+
+    ```
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: RecurrentLlamaConfig):
+        super().__init__(config)
+        self.model = RecurrentLlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.lm_head = new_embeddings
+
+    def _loss(self, logits: torch.Tensor, shift_labels: torch.Tensor, num_items: torch.Tensor | int) -> torch.Tensor:
+        """Summed cross-entropy of already shifted labels, divided by the item count of the whole input."""
+        return self.loss_function(
+            logits, None, self.config.vocab_size, shift_labels=shift_labels, num_items_in_batch=num_items
+        )
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: RecurrentLlamaState | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_logits: bool | None = None,
+        logits_to_keep: int = 0,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> RecurrentLlamaCausalLMOutput:
+        r"""
+        Args:
+            input_ids, attention_mask, past_key_values, inputs_embeds, use_cache, output_hidden_states:
+                As in [`RecurrentLlamaModel.forward`].
+            labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+                Targets, usually `input_ids`; shifted inside the model (`-100` is ignored). The loss is computed
+                window by window, so the `(tokens, vocab)` logits are never materialised for it.
+            return_logits (`bool`, *optional*):
+                Whether to return the logits. Defaults to `True` without `labels` and `False` with them.
+            logits_to_keep (`int`, *optional*, defaults to 0):
+                Return the logits of the last `logits_to_keep` positions only (0: all), as `generate()` asks for
+                when it reads a prompt. Not combinable with `labels`.
+            num_items_in_batch (`int` or `torch.Tensor`, *optional*):
+                Passed by `Trainer` under gradient accumulation: the loss is summed and divided by it.
+        """
+        if labels is not None and logits_to_keep:
+            raise ValueError(
+                f"logits_to_keep={logits_to_keep} cannot be combined with labels: the loss needs every position"
+            )
+        inputs_embeds, real, state = self.model._prepare(
+            input_ids, attention_mask, past_key_values, inputs_embeds, kwargs
+        )
+        output_hidden_states = bool(
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        keep_logits = labels is None if return_logits is None else return_logits
+        shift_labels = num_items = None
+        if labels is not None:
+            labels = labels.to(inputs_embeds.device)
+            shift_labels = nn.functional.pad(labels[:, 1:], (0, 1), value=-100)
+            num_items = kwargs.get("num_items_in_batch")
+            if num_items is None:
+                num_items = (shift_labels != -100).sum()
+
+        def window_loss(hidden: torch.Tensor, step_labels: torch.Tensor) -> torch.Tensor:
+            return self._loss(self.lm_head(hidden), step_labels, num_items)  # (batch, new, vocab) logits, then freed
+
+        if labels is not None and not keep_logits:
+            steps = self.model._forward_windows(
+                inputs_embeds, real, state, shift_labels, window_loss, output_hidden_states
+            )
+            logits, loss = None, torch.stack([s.head for s in steps]).sum()
+        else:
+            steps = self.model._forward_windows(inputs_embeds, real, state, None, None, output_hidden_states)
+            logits = None
+            if keep_logits:
+                # One head call over the kept positions: cheaper than concatenating per-window logits.
+                hidden = torch.cat([s.hidden for s in steps], dim=1)[:, -logits_to_keep:]
+                logits = self.lm_head(hidden)
+            loss = self._loss(logits, shift_labels, num_items) if labels is not None else None
+        output = RecurrentLlamaCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=state if use_cache is not False else None,
+            hidden_states=_concat_hidden_states(steps) if output_hidden_states else None,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+
+__all__ = [
+    "RecurrentLlamaForCausalLM",
+    "RecurrentLlamaModel",
+    "RecurrentLlamaPreTrainedModel",
+    "RecurrentLlamaState",
+]
