@@ -42,11 +42,7 @@ def check_window_schedule(window_size: int, window_overlap: int, max_position_em
             f"window_size={window_size} exceeds max_position_embeddings={max_position_embeddings}: a window's RoPE "
             "positions must stay inside the range the model was trained on"
         )
-    if (
-        isinstance(window_overlap, bool)
-        or not isinstance(window_overlap, int)
-        or not 0 <= window_overlap < window_size
-    ):
+    if not _is_int(window_overlap) or not 0 <= window_overlap < window_size:
         raise ValueError(
             f"window_overlap must satisfy 0 <= window_overlap < window_size={window_size}, got "
             f"window_overlap={window_overlap!r}"
