@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerFast
 
-from hf_recurrence import InductiveBertConfig, RecurrentGPT2Config, TransformerXLConfig
+from hf_recurrence import InductiveBertConfig, RecurrentGPT2Config, RecurrentLlamaConfig, TransformerXLConfig
 from hf_recurrence.data import python_stdlib_documents, train_byte_level_bpe
 
 
@@ -45,6 +45,34 @@ def tiny_recurrent_config(**overrides) -> RecurrentGPT2Config:
         **overrides,
     }
     return RecurrentGPT2Config(**kwargs)
+
+
+# Grouped-query attention (4 query heads share 2 key-value heads), a 16-position RoPE range.
+TINY_LLAMA = {
+    "vocab_size": 99,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 16,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+    "pad_token_id": 0,
+}
+
+
+def tiny_recurrent_llama_config(**overrides) -> RecurrentLlamaConfig:
+    """A 3-layer, 32-wide recurrent Llama with GQA, 8-token windows and 16 RoPE positions."""
+    kwargs = {
+        **TINY_LLAMA,
+        "window_size": 8,
+        "window_overlap": 0,
+        "insertion_layer": 1,
+        "recurrence_hidden_sizes": [16, 16],
+        **overrides,
+    }
+    return RecurrentLlamaConfig(**kwargs)
 
 
 def tiny_transformer_xl_config(**overrides) -> TransformerXLConfig:

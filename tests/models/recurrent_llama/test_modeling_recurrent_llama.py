@@ -1,0 +1,315 @@
+"""Recurrent Llama: window semantics, state equivalence, Llama compatibility, BPTT and checkpointing."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_recurrence import RecurrentLlamaConfig, RecurrentLlamaForCausalLM, RecurrentLlamaModel, RecurrentLlamaState
+
+from ...common import ACROSS_KERNELS, TINY_LLAMA, tiny_recurrent_llama_config
+
+
+def make_model(**overrides) -> RecurrentLlamaForCausalLM:
+    return RecurrentLlamaForCausalLM(tiny_recurrent_llama_config(**overrides)).eval()
+
+
+def chunked_logits(model, ids, splits, attention_mask=None, state=None):
+    """Logits of `ids` fed in pieces cut at `splits`, carrying the state between calls."""
+    pieces = []
+    bounds = [0, *splits, ids.shape[1]]
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        mask = None if attention_mask is None else attention_mask[:, :b]
+        out = model(ids[:, a:b], attention_mask=mask, past_key_values=state)
+        state = out.past_key_values
+        pieces.append(out.logits)
+    return torch.cat(pieces, dim=1), state
+
+
+class TestConfig:
+    @pytest.mark.parametrize(
+        ("overrides", "field", "value"),
+        [
+            ({"window_size": 8, "window_overlap": 8}, "window_overlap", "8"),
+            ({"window_size": 8, "window_overlap": -1}, "window_overlap", "-1"),
+            ({"window_size": 17}, "window_size", "17"),
+            ({"window_size": 0}, "window_size", "0"),
+            ({"insertion_layer": 3}, "insertion_layer", "3"),
+            ({"insertion_layer": -1}, "insertion_layer", "-1"),
+            ({"recurrence_hidden_sizes": []}, "recurrence_hidden_sizes", "[]"),
+            ({"recurrence_hidden_sizes": [16, 0]}, "recurrence_hidden_sizes", "[16, 0]"),
+            ({"bptt_windows": 0}, "bptt_windows", "0"),
+            ({"h_prev_rope_position": -1}, "h_prev_rope_position", "-1"),
+            ({"h_prev_rope_position": 16}, "h_prev_rope_position", "16"),
+        ],
+    )
+    def test_invalid_values_name_field_and_value(self, overrides, field, value):
+        with pytest.raises(ValueError, match=f"{field}={value}".replace("[", r"\[").replace("]", r"\]")):
+            tiny_recurrent_llama_config(**overrides)
+
+    def test_defaults(self):
+        config = RecurrentLlamaConfig()
+        assert (config.window_size, config.window_overlap, config.insertion_layer) == (300, 0, 2)
+        assert config.recurrence_hidden_sizes == [200, 200, 200]
+        assert config.bptt_windows is None and config.h_prev_rope_position is None
+        assert config.model_type == "recurrent_llama" and isinstance(config, LlamaConfig)
+        assert set(config.auto_map) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM"}
+
+    def test_changed_after_construction_is_refused_by_the_model(self):
+        config = tiny_recurrent_llama_config()
+        config.window_size = 40
+        with pytest.raises(ValueError, match="window_size=40"):
+            RecurrentLlamaForCausalLM(config)
+
+    def test_llama_config_converted_without_a_window_gets_at_most_300(self, tmp_path):
+        LlamaConfig(**TINY_LLAMA).save_pretrained(tmp_path)
+        config = RecurrentLlamaConfig.from_pretrained(tmp_path, insertion_layer=1)
+        assert config.model_type == "recurrent_llama" and config.window_size == 16
+        large = LlamaConfig(**{**TINY_LLAMA, "max_position_embeddings": 8192}).to_dict()
+        assert RecurrentLlamaConfig.from_dict(large, insertion_layer=1).window_size == 300
+
+
+class TestForward:
+    def test_shapes(self):
+        model = make_model()
+        ids = torch.randint(0, 99, (3, 21))
+        out = model(ids, output_hidden_states=True)
+        assert out.logits.shape == (3, 21, 99)
+        assert len(out.hidden_states) == 4 and all(h.shape == (3, 21, 32) for h in out.hidden_states)
+        assert RecurrentLlamaModel(model.config).eval()(ids).last_hidden_state.shape == (3, 21, 32)
+        # One h_prev slot per key-value head (GQA), not per query head.
+        assert out.past_key_values.memory_key.shape == (3, 2, 1, 8)
+
+    def test_loss_is_the_ordinary_causal_lm_loss(self):
+        model = make_model(window_overlap=3)
+        ids = torch.randint(0, 99, (2, 37))
+        labels = ids.clone()
+        labels[0, 5:9] = -100
+        out = model(ids, labels=labels, return_logits=True)
+        expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 99), labels[:, 1:].reshape(-1))
+        torch.testing.assert_close(out.loss, expected)
+        # Without logits the loss is computed window by window: the same number.
+        no_logits = model(ids, labels=labels)
+        assert no_logits.logits is None
+        torch.testing.assert_close(no_logits.loss, expected)
+
+    def test_logits_to_keep_returns_the_last_positions(self):
+        model = make_model()
+        ids = torch.randint(0, 99, (2, 20))
+        torch.testing.assert_close(model(ids, logits_to_keep=1).logits, model(ids).logits[:, -1:])
+        with pytest.raises(ValueError, match="logits_to_keep=1 cannot be combined with labels"):
+            model(ids, labels=ids, logits_to_keep=1)
+
+    def test_reads_far_past_max_position_embeddings(self):
+        assert make_model()(torch.randint(0, 99, (1, 500))).logits.shape == (1, 500, 99)
+
+    def test_h_prev_carries_information(self):
+        model = make_model()
+        ids = torch.randint(0, 99, (1, 16))
+        changed = ids.clone()
+        changed[0, :8] = ids[0, :8].flip(0)
+        # Window 1 is identical; it differs only through h_prev.
+        assert not torch.allclose(model(ids).logits[:, 8:], model(changed).logits[:, 8:])
+
+    def test_h_prev_rope_position_only_changes_later_windows(self):
+        unrotated = make_model()
+        rotated = make_model(h_prev_rope_position=3)
+        rotated.load_state_dict(unrotated.state_dict())
+        ids = torch.randint(0, 99, (2, 24))
+        first, later = unrotated(ids).logits, rotated(ids).logits
+        torch.testing.assert_close(later[:, :8], first[:, :8])
+        assert not torch.allclose(later[:, 8:], first[:, 8:])
+
+    def test_eager_equals_sdpa(self):
+        sdpa = make_model(window_overlap=3)
+        eager = RecurrentLlamaForCausalLM(tiny_recurrent_llama_config(window_overlap=3, attn_implementation="eager"))
+        eager.eval().load_state_dict(sdpa.state_dict())
+        assert eager.config._attn_implementation == "eager" and sdpa.config._attn_implementation == "sdpa"
+        ids = torch.randint(0, 99, (2, 40))
+        mask = torch.ones_like(ids)
+        mask[1, :5] = 0
+        torch.testing.assert_close(eager(ids, attention_mask=mask).logits, sdpa(ids, attention_mask=mask).logits)
+
+    @pytest.mark.parametrize(
+        ("kwargs", "error", "match"),
+        [
+            ({"position_ids": torch.zeros(1, 5, dtype=torch.long)}, ValueError, "position_ids"),
+            ({"attention_mask": torch.ones(1, 3)}, ValueError, "attention_mask"),
+            ({"past_key_values": object()}, TypeError, "RecurrentLlamaState"),
+            ({"output_attentions": True}, ValueError, "output_attentions"),
+        ],
+    )
+    def test_bad_input_is_refused_clearly(self, kwargs, error, match):
+        with pytest.raises(error, match=match):
+            make_model()(torch.randint(0, 99, (1, 5)), **kwargs)
+
+
+class TestLlamaCompatibility:
+    @pytest.mark.parametrize("tied", [True, False])
+    def test_first_window_equals_stock_llama_and_weights_load_unchanged(self, tmp_path, tied):
+        llama = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA, tie_word_embeddings=tied)).eval()
+        llama.save_pretrained(tmp_path)
+        model, info = RecurrentLlamaForCausalLM.from_pretrained(
+            tmp_path, window_size=8, window_overlap=2, insertion_layer=1, output_loading_info=True
+        )
+        model.eval()
+        assert model.config.window_size == 8 and model.config.model_type == "recurrent_llama"
+        assert info["unexpected_keys"] == set() and info["mismatched_keys"] == set()
+        assert info["missing_keys"] and all(k.startswith("model.recurrence.") for k in info["missing_keys"])
+        ours = model.state_dict()
+        for name, tensor in llama.state_dict().items():
+            assert torch.equal(ours[name], tensor), name
+        assert (model.lm_head.weight is model.model.embed_tokens.weight) is tied
+        ids = torch.randint(0, 99, (2, 8))
+        long_ids = torch.randint(0, 99, (2, 30))
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids).logits, llama(ids).logits, **ACROSS_KERNELS)
+            torch.testing.assert_close(model(long_ids).logits[:, :8], llama(long_ids[:, :8]).logits, **ACROSS_KERNELS)
+
+    def test_invalid_window_for_the_checkpoint_is_refused(self, tmp_path):
+        LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).save_pretrained(tmp_path)
+        with pytest.raises(ValueError, match="window_size=32 exceeds max_position_embeddings=16"):
+            RecurrentLlamaForCausalLM.from_pretrained(tmp_path, window_size=32)
+
+
+class TestStateEquivalence:
+    @pytest.mark.parametrize("overlap", [0, 3, 7])
+    @pytest.mark.parametrize("splits", [[1], [5], [8], [13, 14, 15, 16], [3, 11, 29, 30], [20]])
+    def test_chunked_equals_one_shot(self, overlap, splits):
+        model = make_model(window_overlap=overlap)
+        ids = torch.randint(0, 99, (2, 45))  # at least 5 windows for every overlap
+        with torch.no_grad():
+            full = model(ids).logits
+            chunked, state = chunked_logits(model, ids, splits)
+        torch.testing.assert_close(chunked, full)
+        assert state.get_seq_length() == 45
+
+    @pytest.mark.parametrize("overlap", [0, 3])
+    def test_token_by_token_equals_one_shot(self, overlap):
+        model = make_model(window_overlap=overlap)
+        ids = torch.randint(0, 99, (2, 42))
+        with torch.no_grad():
+            full = model(ids).logits
+            chunked, state = chunked_logits(model, ids, list(range(1, 42)))
+        torch.testing.assert_close(chunked, full)
+        assert state.slot_valid.shape[1] <= model.config.window_size
+
+    def test_left_padded_rows_equal_each_row_alone(self):
+        model = make_model(window_overlap=3)
+        lengths = [30, 23, 9]
+        rows = [torch.randint(1, 99, (1, n)) for n in lengths]
+        width = max(lengths)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, row in enumerate(rows):
+            ids[i, width - row.shape[1] :] = row
+            mask[i, width - row.shape[1] :] = 1
+        with torch.no_grad():
+            batched, _ = chunked_logits(model, ids, [7, 19], attention_mask=mask)
+            for i, row in enumerate(rows):
+                torch.testing.assert_close(
+                    batched[i, width - row.shape[1] :], model(row).logits[0], atol=1e-5, rtol=1e-4
+                )
+
+
+class TestStateSchedule:
+    def test_a_state_with_another_schedule_reads_like_a_model_configured_with_it(self):
+        model = make_model()
+        reconfigured = make_model(window_size=6, window_overlap=2)
+        reconfigured.load_state_dict(model.state_dict())
+        ids = torch.randint(0, 99, (2, 30))
+        state = RecurrentLlamaState(model.config, 2, window_size=6, window_overlap=2)
+        with torch.no_grad():
+            chunked, state = chunked_logits(model, ids, [7, 13], state=state)
+            torch.testing.assert_close(chunked, reconfigured(ids).logits)
+        assert state.window_size == 6 and "window_overlap=2" in repr(state)
+
+    @pytest.mark.parametrize(
+        ("schedule", "match"),
+        [({"window_size": 17}, "window_size=17"), ({"window_size": 6, "window_overlap": 6}, "window_overlap=6")],
+    )
+    def test_an_invalid_schedule_is_refused_when_built(self, schedule, match):
+        with pytest.raises(ValueError, match=match):
+            RecurrentLlamaState(tiny_recurrent_llama_config(), 1, **schedule)
+
+    def test_a_schedule_changed_on_the_state_is_refused_at_forward_time(self):
+        model = make_model(window_overlap=2)
+        state = model(torch.randint(0, 99, (1, 5))).past_key_values
+        state.window_size = 40
+        with pytest.raises(ValueError, match="window_size=40"):
+            model(torch.randint(0, 99, (1, 5)), past_key_values=state)
+        state.window_size, state.window_overlap = 8, 3
+        with pytest.raises(ValueError, match="window_overlap=3 was changed"):
+            model(torch.randint(0, 99, (1, 5)), past_key_values=state)
+
+    def test_detach_reset_reorder(self):
+        model = make_model(window_overlap=2).train()
+        state = model(torch.randint(0, 99, (3, 20))).past_key_values
+        assert state.pooled_sum.requires_grad
+        state.detach()
+        assert not any(t.requires_grad for t in [*state.keys, *[getattr(state, n) for n in state._BATCH_TENSORS]])
+        state.reorder_cache(torch.tensor([2, 2, 0]))
+        assert torch.equal(state.memory[0], state.memory[1])
+        state.reset()
+        assert state.get_seq_length() == 0 and state.slot_valid.shape[1] == 0
+
+
+def _window_token_sets(windows, per_window=8):
+    """Input whose windows use disjoint token ranges, so a token's embedding gradient says which window it came from."""
+    ids = torch.cat([torch.randint(10 + 20 * w, 30 + 20 * w, (1, per_window)) for w in range(windows)], dim=1)
+    return ids, [set(ids[0, w * per_window : (w + 1) * per_window].tolist()) for w in range(windows)]
+
+
+def _embedding_rows_with_gradient(model) -> set[int]:
+    grad = model.model.embed_tokens.weight.grad
+    return set(torch.nonzero(grad.abs().sum(1) > 0).flatten().tolist())
+
+
+class TestBackpropagationThroughTime:
+    @pytest.mark.parametrize("bptt_windows", [None, 1])
+    def test_later_window_loss_reaches_window_zero_only_without_truncation(self, bptt_windows):
+        torch.manual_seed(1)
+        model = make_model(tie_word_embeddings=False, bptt_windows=bptt_windows).train()
+        ids, token_sets = _window_token_sets(windows=3)
+        labels = ids.clone()
+        labels[:, :17] = -100  # positions 16..23 predict window 2's tokens
+        model(ids, labels=labels).loss.backward()
+        reached = _embedding_rows_with_gradient(model)
+        only_first = token_sets[0] - token_sets[1] - token_sets[2]
+        assert token_sets[1] <= reached and only_first
+        assert (only_first <= reached) is (bptt_windows is None)
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.model.recurrence.parameters())
+
+
+class TestGradientCheckpointing:
+    @pytest.mark.parametrize("overrides", [{}, {"window_overlap": 3}, {"bptt_windows": 2}])
+    def test_same_loss_and_gradients(self, overrides):
+        model = make_model(**overrides).train()
+        ids = torch.randint(0, 99, (2, 50))
+        labels = ids.clone()
+        labels[1, 10:14] = -100
+
+        def loss_and_grads():
+            model.zero_grad()
+            loss = model(ids, labels=labels).loss
+            loss.backward()
+            return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+        plain_loss, plain_grads = loss_and_grads()
+        model.activation_checkpointing_enable()
+        assert model.model.gradient_checkpointing
+        checked_loss, checked_grads = loss_and_grads()
+        torch.testing.assert_close(checked_loss, plain_loss)
+        assert checked_grads.keys() == plain_grads.keys()
+        for name, grad in plain_grads.items():
+            torch.testing.assert_close(checked_grads[name], grad, msg=name)
+
+
+def test_bfloat16_runs_and_keeps_the_pooled_sum_in_float32():
+    model = make_model(window_overlap=2).to(torch.bfloat16)
+    ids = torch.randint(0, 99, (2, 40))
+    with torch.no_grad():
+        out = model(ids)
+        chunked, state = chunked_logits(model, ids, [9, 17])
+    assert out.logits.dtype == torch.bfloat16 and state.keys[0].dtype == torch.bfloat16
+    assert state.pooled_sum.dtype == torch.float32
+    torch.testing.assert_close(chunked.float(), out.logits.float(), atol=0.1, rtol=0.05)
