@@ -90,6 +90,25 @@ FAMILIES: dict[str, FamilyCard] = {
         auto_class="AutoModelForCausalLM",
         settings=("window_size", "window_overlap", "insertion_layer", "recurrence_hidden_sizes", "bptt_windows"),
     ),
+    "recurrent_llama": FamilyCard(
+        name="Recurrent Llama",
+        paper=Paper(
+            authors=("Davis Yoshida", "Allyson Ettinger", "Kevin Gimpel"),
+            title="Adding Recurrence to Pretrained Transformers for Improved Efficiency and Context Size",
+            year=2020,
+            arxiv="2008.07027",
+        ),
+        pipeline_tag="text-generation",
+        auto_class="AutoModelForCausalLM",
+        settings=(
+            "window_size",
+            "window_overlap",
+            "insertion_layer",
+            "recurrence_hidden_sizes",
+            "bptt_windows",
+            "h_prev_rope_position",
+        ),
+    ),
     "inductive_bert": FamilyCard(
         name="I-BERT (inductive BERT)",
         paper=Paper(

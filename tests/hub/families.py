@@ -5,9 +5,20 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from hf_recurrence import IBertForMaskedLM, RecurrentGPT2LMHeadModel, TransformerXLLMHeadModel
+from hf_recurrence import (
+    IBertForMaskedLM,
+    RecurrentGPT2LMHeadModel,
+    RecurrentLlamaForCausalLM,
+    TransformerXLLMHeadModel,
+)
 
-from ..common import stdlib_tokenizer, tiny_inductive_bert_config, tiny_recurrent_config, tiny_transformer_xl_config
+from ..common import (
+    stdlib_tokenizer,
+    tiny_inductive_bert_config,
+    tiny_recurrent_config,
+    tiny_recurrent_llama_config,
+    tiny_transformer_xl_config,
+)
 from ..models.inductive_bert.tokenizer import word_level_tokenizer
 
 
@@ -33,6 +44,12 @@ def tiny_recurrent_gpt2() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     tokenizer = stdlib_tokenizer()
     config = tiny_recurrent_config(vocab_size=len(tokenizer), window_overlap=3)
     return RecurrentGPT2LMHeadModel(config).eval(), tokenizer
+
+
+def tiny_recurrent_llama() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    tokenizer = stdlib_tokenizer()
+    config = tiny_recurrent_llama_config(vocab_size=len(tokenizer), window_overlap=3)
+    return RecurrentLlamaForCausalLM(config).eval(), tokenizer
 
 
 def tiny_inductive_bert() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -68,6 +85,17 @@ HUB_FAMILIES = [
         reference_length=48,
         invalid_setting=("window_size", 0),
         context_limit=lambda config: config.n_positions,
+    ),
+    HubFamily(
+        model_type="recurrent_llama",
+        make=tiny_recurrent_llama,
+        auto_class="AutoModelForCausalLM",
+        pipeline_task="text-generation",
+        pipeline_inputs="def read_windows(path):",
+        pipeline_kwargs={"max_new_tokens": 40, "min_new_tokens": 40, "do_sample": False, "return_tensors": True},
+        reference_length=48,
+        invalid_setting=("window_size", 0),
+        context_limit=lambda config: config.max_position_embeddings,
     ),
     HubFamily(
         model_type="transformer_xl",
