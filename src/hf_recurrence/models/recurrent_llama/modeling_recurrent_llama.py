@@ -242,19 +242,23 @@ class RecurrentLlamaState:
         "overlap_valid",
     )
 
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.batch_size with RecurrentGPT2->RecurrentLlama
     @property
     def batch_size(self) -> int:
         return self.fill.shape[0]
 
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.has_memory with RecurrentGPT2->RecurrentLlama
     @property
     def has_memory(self) -> torch.Tensor:
         """(batch,) bool: whether the current window of each row has an `h_prev` (every window but the first)."""
         return self.window_index > 0
 
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.get_seq_length with RecurrentGPT2->RecurrentLlama
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Number of input positions (padding included) consumed so far; what `generate` slices new tokens by."""
         return self.seen_tokens
 
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State._map with RecurrentGPT2->RecurrentLlama
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "RecurrentLlamaState":
         self.keys = [fn(k) for k in self.keys]
         self.values = [fn(v) for v in self.values]
@@ -262,10 +266,12 @@ class RecurrentLlamaState:
             setattr(self, name, fn(getattr(self, name)))
         return self
 
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.detach with RecurrentGPT2->RecurrentLlama
     def detach(self) -> "RecurrentLlamaState":
         """Cut the autograd history of every tensor (truncated BPTT between calls). Returns `self`."""
         return self._map(torch.Tensor.detach)
 
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.reset with RecurrentGPT2->RecurrentLlama
     def reset(self) -> "RecurrentLlamaState":
         """Forget everything: the next token starts a fresh first window. Returns `self`."""
         self.slot_valid = torch.zeros_like(self.slot_valid)
@@ -277,6 +283,7 @@ class RecurrentLlamaState:
         self.seen_tokens = 0
         return self
 
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.to with RecurrentGPT2->RecurrentLlama
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "RecurrentLlamaState":
         """Move to `device`; floating tensors other than the float32 pooled sum are cast to `dtype`. Returns `self`."""
 
@@ -286,10 +293,12 @@ class RecurrentLlamaState:
 
         return self._map(move)
 
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.reorder_cache with RecurrentGPT2->RecurrentLlama
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Select batch rows (beam search): row `i` becomes old row `beam_idx[i]`."""
         self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
 
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.compact with RecurrentGPT2->RecurrentLlama
     def compact(self) -> None:
         """Drop cache slots that no row needs, moving each row's valid slots to the right."""
         slots = self.slot_valid.shape[1]
@@ -307,6 +316,7 @@ class RecurrentLlamaState:
         self.values = [_gather_slots(v, index, 2) for v in self.values]
         self.slot_valid = self.slot_valid.gather(1, index)
 
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.remember_overlap with RecurrentGPT2->RecurrentLlama
     def remember_overlap(self, embeds: torch.Tensor, real: torch.Tensor) -> None:
         """Keep the embeddings of the last `window_overlap` real tokens: (batch, new, hidden), (batch, new)."""
         if self.window_overlap == 0:
@@ -317,6 +327,7 @@ class RecurrentLlamaState:
         self.overlap_embeds = _gather_slots(embeds, index, 1)
         self.overlap_valid = real.gather(1, index)
 
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.__repr__ with RecurrentGPT2->RecurrentLlama
     def __repr__(self) -> str:
         return (
             f"{self.__class__.__name__}(batch_size={self.batch_size}, seen_tokens={self.seen_tokens}, "
