@@ -38,7 +38,7 @@ class TestConfig:
             ({"recurrence_hidden_sizes": []}, "recurrence_hidden_sizes", "[]"),
             ({"recurrence_hidden_sizes": [16, 0]}, "recurrence_hidden_sizes", "[16, 0]"),
             ({"bptt_windows": 0}, "bptt_windows", "0"),
-            ({"h_prev_rope_position": -1}, "h_prev_rope_position", "-1"),
+            ({"h_prev_rope_position": -9}, "h_prev_rope_position", "-9"),
             ({"h_prev_rope_position": 16}, "h_prev_rope_position", "16"),
         ],
     )
@@ -112,7 +112,7 @@ class TestForward:
 
     def test_h_prev_rope_position_only_changes_later_windows(self):
         unrotated = make_model()
-        rotated = make_model(h_prev_rope_position=3)
+        rotated = make_model(h_prev_rope_position=-1)
         rotated.load_state_dict(unrotated.state_dict())
         ids = torch.randint(0, 99, (2, 24))
         first, later = unrotated(ids).logits, rotated(ids).logits
