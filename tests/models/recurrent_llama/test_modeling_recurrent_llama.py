@@ -39,7 +39,7 @@ class TestConfig:
             ({"recurrence_hidden_sizes": [16, 0]}, "recurrence_hidden_sizes", "[16, 0]"),
             ({"bptt_windows": 0}, "bptt_windows", "0"),
             ({"h_prev_rope_position": -9}, "h_prev_rope_position", "-9"),
-            ({"h_prev_rope_position": 16}, "h_prev_rope_position", "16"),
+            ({"h_prev_rope_position": 1}, "h_prev_rope_position", "1"),
         ],
     )
     def test_invalid_values_name_field_and_value(self, overrides, field, value):

@@ -80,10 +80,10 @@ class RecurrentLlamaConfig(LlamaConfig):
             runs of `k + 1` and gradient crosses window boundaries only inside a run).
         h_prev_rope_position (`int`, *optional*):
             RoPE policy of the `h_prev` key. `None` (default) leaves it unrotated, so its attention score depends
-            only on the query's content and position, like an attention sink at position 0; an integer `p` rotates
-            it as a token at window position `p`, e.g. `-1`: just before the window's first token, which is where the
-            summarised text was. The issue-14 prototype on SmolLM2-135M trained well unrotated; the field exists so
-            the choice can be measured.
+            only on the query's content and position, like an attention sink at position 0. An integer `p <= 0`
+            rotates it as a token at window position `p`; `-1` puts it just before the window's first token, where
+            the summarised text was. The issue-14 prototype on SmolLM2-135M trained well unrotated; the field exists
+            so the choice can be measured.
 
     Example:
 
@@ -163,11 +163,12 @@ class RecurrentLlamaConfig(LlamaConfig):
                 f"bptt_windows={self.bptt_windows!r}"
             )
         position, limit = self.h_prev_rope_position, self.max_position_embeddings - self.window_size
-        if position is not None and (not _is_int(position) or not -limit <= position < self.max_position_embeddings):
-            # Relative offsets between a window's queries and the h_prev key must stay in the trained range.
+        if position is not None and (not _is_int(position) or not -limit <= position <= 0):
+            # Offsets from a window's queries (positions 0..window_size-1) back to the h_prev key must be ones a
+            # causal model was trained on: 0..max_position_embeddings-1.
             raise ValueError(
-                f"h_prev_rope_position must be None (unrotated h_prev key) or a position in [-{limit}, "
-                f"{self.max_position_embeddings}) (max_position_embeddings - window_size below 0), got "
+                f"h_prev_rope_position must be None (unrotated h_prev key) or a position in [-{limit}, 0] "
+                f"(max_position_embeddings - window_size = {limit} before the window at most), got "
                 f"h_prev_rope_position={position!r}"
             )
 
