@@ -61,3 +61,11 @@ def test_text_generation_pipeline_batches_like_single_prompts():
     batched = [out[0]["generated_text"] for out in generator(prompts, batch_size=2, **kwargs)]
     assert batched == alone
     assert len(tokenizer(alone[0]).input_ids) >= 30  # far past the 16 RoPE positions
+
+
+@pytest.mark.parametrize("cache_implementation", ["static", "paged"])
+def test_cache_implementation_is_refused_with_the_reason(cache_implementation):
+    with pytest.raises(ValueError, match="cache_implementation|Continuous batching"):
+        make_model().generate(
+            torch.randint(1, 99, (1, 4)), max_new_tokens=3, cache_implementation=cache_implementation
+        )

@@ -217,7 +217,8 @@ class TestStateSchedule:
         reconfigured = make_model(window_size=6, window_overlap=2)
         reconfigured.load_state_dict(model.state_dict())
         ids = torch.randint(0, 99, (2, 30))
-        state = RecurrentLlamaState(model.config, 2, window_size=6, window_overlap=2)
+        state = model.new_state(2, window_size=6, window_overlap=2)
+        assert isinstance(state, RecurrentLlamaState)
         with torch.no_grad():
             chunked, state = chunked_logits(model, ids, [7, 13], state=state)
             torch.testing.assert_close(chunked, reconfigured(ids).logits)
@@ -231,15 +232,17 @@ class TestStateSchedule:
         with pytest.raises(ValueError, match=match):
             RecurrentLlamaState(tiny_recurrent_llama_config(), 1, **schedule)
 
-    def test_a_schedule_changed_on_the_state_is_refused_at_forward_time(self):
-        model = make_model(window_overlap=2)
-        state = model(torch.randint(0, 99, (1, 5))).past_key_values
-        state.window_size = 40
-        with pytest.raises(ValueError, match="window_size=40"):
-            model(torch.randint(0, 99, (1, 5)), past_key_values=state)
-        state.window_size, state.window_overlap = 8, 3
-        with pytest.raises(ValueError, match="window_overlap=3 was changed"):
-            model(torch.randint(0, 99, (1, 5)), past_key_values=state)
+    def test_the_schedule_is_fixed_for_the_state_life(self):
+        state = make_model().new_state(1, window_size=6, window_overlap=2)
+        assert (state.window_size, state.window_overlap) == (6, 2)
+        with pytest.raises(AttributeError):
+            state.window_size = 40
+
+    def test_config_changed_after_construction_is_refused_at_forward_time(self):
+        model = make_model()
+        model.config.insertion_layer = 3
+        with pytest.raises(ValueError, match="insertion_layer=3"):
+            model(torch.randint(0, 99, (1, 5)))
 
     def test_detach_reset_reorder(self):
         model = make_model(window_overlap=2).train()

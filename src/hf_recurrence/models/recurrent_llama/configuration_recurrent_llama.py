@@ -32,23 +32,6 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_window_schedule(window_size: int, window_overlap: int, max_position_embeddings: int) -> None:
-    """Raise `ValueError` naming the bad value if windows of `window_size` tokens overlapping by `window_overlap`
-    cannot be read by a model trained on `max_position_embeddings` positions."""
-    if not _is_int(window_size) or window_size < 1:
-        raise ValueError(f"window_size must be a positive integer, got window_size={window_size!r}")
-    if window_size > max_position_embeddings:
-        raise ValueError(
-            f"window_size={window_size} exceeds max_position_embeddings={max_position_embeddings}: a window's RoPE "
-            "positions must stay inside the range the model was trained on"
-        )
-    if not _is_int(window_overlap) or not 0 <= window_overlap < window_size:
-        raise ValueError(
-            f"window_overlap must satisfy 0 <= window_overlap < window_size={window_size}, got "
-            f"window_overlap={window_overlap!r}"
-        )
-
-
 @strict
 class RecurrentLlamaConfig(LlamaConfig):
     r"""
@@ -145,7 +128,30 @@ class RecurrentLlamaConfig(LlamaConfig):
 
     def check_recurrence_settings(self) -> None:
         """Raise `ValueError` naming the first invalid recurrence field and its value."""
-        check_window_schedule(self.window_size, self.window_overlap, self.max_position_embeddings)
+        self.check_window_schedule(self.window_size, self.window_overlap)
+        self.check_model_settings()
+
+    def check_window_schedule(self, window_size: int, window_overlap: int) -> None:
+        """Raise `ValueError` unless `window_size` and `window_overlap` form a schedule this model can run.
+
+        Checked for the config's own schedule and for every state a forward runs (the state may carry another).
+        """
+        if not _is_int(window_size) or window_size < 1:
+            raise ValueError(f"window_size must be a positive integer, got window_size={window_size!r}")
+        if window_size > self.max_position_embeddings:
+            raise ValueError(
+                f"window_size={window_size} exceeds max_position_embeddings={self.max_position_embeddings}: a "
+                "window's RoPE positions must stay inside the range the model was trained on"
+            )
+        if not _is_int(window_overlap) or not 0 <= window_overlap < window_size:
+            raise ValueError(
+                f"window_overlap must satisfy 0 <= window_overlap < window_size={window_size}, got "
+                f"window_overlap={window_overlap!r}"
+            )
+
+    def check_model_settings(self) -> None:
+        """Raise `ValueError` naming the first invalid field other than the window schedule; checked on every forward,
+        since the config may have been changed after the model was built."""
         if not _is_int(self.insertion_layer) or not 0 <= self.insertion_layer < self.num_hidden_layers:
             raise ValueError(
                 f"insertion_layer must be a layer index in [0, num_hidden_layers={self.num_hidden_layers}), got "

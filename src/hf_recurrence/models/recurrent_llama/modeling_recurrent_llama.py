@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -24,7 +24,7 @@ from transformers.models.llama.modeling_llama import (
 )
 from transformers.utils import ModelOutput, logging
 
-from .configuration_recurrent_llama import RecurrentLlamaConfig, check_window_schedule
+from .configuration_recurrent_llama import RecurrentLlamaConfig
 
 
 logger = logging.get_logger(__name__)
@@ -164,8 +164,9 @@ class RecurrentLlamaState:
     """Everything the recurrent Llama carries from one call to the next, passed as `past_key_values`.
 
     The model reads its input in windows of `window_size` tokens that repeat the last `window_overlap` tokens of the
-    previous window (both default to the config's; pass others to read with another schedule). The state holds, per
-    batch row:
+    previous window. The schedule belongs to the state, not to the model: it defaults to the config's and may be
+    given explicitly (to evaluate with another window size without touching `model.config`); it is fixed for the
+    state's life. The state holds, per batch row:
 
     - `keys[i]`, `values[i]`: `(batch, num_key_value_heads, slots, head_dim)` key/value cache of layer `i` for the
       current window, keys already rotated (slots that are padding are marked in `slot_valid`, `(batch, slots)`),
@@ -207,9 +208,10 @@ class RecurrentLlamaState:
         window_size: int | None = None,
         window_overlap: int | None = None,
     ):
-        self.window_size = config.window_size if window_size is None else window_size
-        self.window_overlap = config.window_overlap if window_overlap is None else window_overlap
-        check_window_schedule(self.window_size, self.window_overlap, config.max_position_embeddings)
+        window_size = config.window_size if window_size is None else window_size
+        window_overlap = config.window_overlap if window_overlap is None else window_overlap
+        config.check_window_schedule(window_size, window_overlap)
+        self._window_size, self._window_overlap = window_size, window_overlap
         heads, head_dim = config.num_key_value_heads, config.head_dim
         empty_cache = torch.zeros(batch_size, heads, 0, head_dim, device=device, dtype=dtype)
         self.keys = [empty_cache] * config.num_hidden_layers
@@ -221,10 +223,8 @@ class RecurrentLlamaState:
         self.memory = torch.zeros(batch_size, config.hidden_size, device=device, dtype=dtype)
         self.memory_key = torch.zeros(batch_size, heads, 1, head_dim, device=device, dtype=dtype)
         self.memory_value = torch.zeros_like(self.memory_key)
-        self.overlap_embeds = torch.zeros(
-            batch_size, self.window_overlap, config.hidden_size, device=device, dtype=dtype
-        )
-        self.overlap_valid = torch.zeros(batch_size, self.window_overlap, dtype=torch.bool, device=device)
+        self.overlap_embeds = torch.zeros(batch_size, window_overlap, config.hidden_size, device=device, dtype=dtype)
+        self.overlap_valid = torch.zeros(batch_size, window_overlap, dtype=torch.bool, device=device)
         self.seen_tokens = 0
 
     # generate() asks every cache whether it can be compiled.
@@ -246,6 +246,18 @@ class RecurrentLlamaState:
     @property
     def batch_size(self) -> int:
         return self.fill.shape[0]
+
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.window_size with RecurrentGPT2->RecurrentLlama
+    @property
+    def window_size(self) -> int:
+        """Tokens per window of this state's run (read-only: the rows' fill counts are relative to it)."""
+        return self._window_size
+
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.window_overlap with RecurrentGPT2->RecurrentLlama
+    @property
+    def window_overlap(self) -> int:
+        """Tokens each window re-reads from the one before (read-only: `overlap_embeds` is sized by it)."""
+        return self._window_overlap
 
     # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.has_memory with RecurrentGPT2->RecurrentLlama
     @property
@@ -399,6 +411,25 @@ class RecurrentLlamaPreTrainedModel(PreTrainedModel):
         # generate() must not hand us a DynamicCache: the model creates and returns its own RecurrentLlamaState.
         return False
 
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2PreTrainedModel.new_state with RecurrentGPT2->RecurrentLlama
+    def new_state(
+        self, batch_size: int, window_size: int | None = None, window_overlap: int | None = None
+    ) -> RecurrentLlamaState:
+        """A fresh state for `batch_size` rows on the model's device and dtype, to pass as `past_key_values`.
+
+        Its window schedule defaults to the config's; give `window_size` / `window_overlap` to read with another
+        schedule without changing `model.config` (which other callers of the model may be using meanwhile).
+        """
+        weight = self.get_input_embeddings().weight
+        return RecurrentLlamaState(
+            self.config,
+            batch_size,
+            weight.device,
+            weight.dtype,
+            window_size=window_size,
+            window_overlap=window_overlap,
+        )
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
@@ -544,6 +575,7 @@ class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
         state.slot_valid = state.slot_valid & ~rows
         state.compact()
 
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2Model._forward_windows with RecurrentGPT2->RecurrentLlama
     def _forward_windows(
         self,
         inputs_embeds: torch.Tensor,
@@ -553,7 +585,7 @@ class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
         step_head: Callable | None = None,
         output_hidden_states: bool = False,
     ) -> list[_StepOutput]:
-        """Feed (batch, length, hidden) embeddings through the state's window schedule, advancing `state` in place.
+        """Feed (batch, length, hidden) embeddings through the window schedule, advancing `state` in place.
 
         Each step covers columns that stay inside every row's current window; a row whose window is full starts a
         new one (re-reading its overlap) just before its next real token.
@@ -633,6 +665,8 @@ class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
         batch, length = inputs_embeds.shape[:2]
         if length == 0:
             raise ValueError("The input is empty (length 0)")
+        # The config may have been changed since the model was built; integer checks only, no device sync.
+        self.config.check_model_settings()
         if past_key_values is None:
             past_key_values = RecurrentLlamaState(self.config, batch, inputs_embeds.device, inputs_embeds.dtype)
         elif not isinstance(past_key_values, RecurrentLlamaState):
@@ -645,16 +679,7 @@ class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
                 f"past_key_values holds {past_key_values.batch_size} rows but the input has batch size {batch}"
             )
         else:
-            # Cheap, and catches a schedule changed on the state after it was built.
-            check_window_schedule(
-                past_key_values.window_size, past_key_values.window_overlap, self.config.max_position_embeddings
-            )
-            if past_key_values.overlap_embeds.shape[1] != past_key_values.window_overlap:
-                raise ValueError(
-                    f"past_key_values.window_overlap={past_key_values.window_overlap} was changed after the state "
-                    f"was built for window_overlap={past_key_values.overlap_embeds.shape[1]}; build a new "
-                    "RecurrentLlamaState(config, batch_size, window_size=..., window_overlap=...) instead"
-                )
+            self.config.check_window_schedule(past_key_values.window_size, past_key_values.window_overlap)
         if attention_mask is None:
             real = torch.ones(batch, length, dtype=torch.bool, device=inputs_embeds.device)
         else:
@@ -754,6 +779,28 @@ class RecurrentLlamaForCausalLM(RecurrentLlamaPreTrainedModel, GenerationMixin):
         """Summed cross-entropy of already shifted labels, divided by the item count of the whole input."""
         return self.loss_function(
             logits, None, self.config.vocab_size, shift_labels=shift_labels, num_items_in_batch=num_items
+        )
+
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2LMHeadModel._prepare_cache_for_generation
+    def _prepare_cache_for_generation(self, generation_config: GenerationConfig, model_kwargs: dict, *args, **kwargs):
+        # generate() would only warn that a cache_implementation "will be ignored" and run anyway.
+        if generation_config.cache_implementation is not None:
+            raise ValueError(
+                f"cache_implementation={generation_config.cache_implementation!r} cannot be honoured by "
+                f"{type(self).__name__}: the model carries its own recurrent state of bounded size (returned as "
+                "past_key_values) instead of a transformers Cache, so there is no cache to choose. Remove "
+                "cache_implementation from the generate() call or from the generation config (generation_config.json); "
+                "a fixed-size cache for the recurrent state is future work"
+            )
+        return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2LMHeadModel.init_continuous_batching
+    def init_continuous_batching(self, *args, **kwargs):
+        # generate(cache_implementation="paged") and generate_batch() come here, past _prepare_cache_for_generation.
+        raise ValueError(
+            f"Continuous batching (cache_implementation='paged', generate_batch()) cannot be used with "
+            f"{type(self).__name__}: it needs a paged key/value cache, and the model carries its own recurrent state "
+            "instead. Call generate() without cache_implementation; batched prompts may be left-padded"
         )
 
     def forward(
