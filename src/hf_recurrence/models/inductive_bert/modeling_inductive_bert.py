@@ -198,7 +198,7 @@ class IBertPreTrainedModel(PreTrainedModel):
     config_class = InductiveBertConfig
     base_model_prefix = "bert"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["IBertEmbeddings", "BertLayer", "IBertLSTMLayer"]
+    _no_split_modules = ["IBertEmbeddings", "BertLayer"]
     _supports_sdpa = True
     _supports_attention_backend = True
     _can_record_outputs = {"hidden_states": [BertLayer, IBertLSTMLayer], "attentions": BertSelfAttention}
@@ -207,6 +207,9 @@ class IBertPreTrainedModel(PreTrainedModel):
         super().__init__(config, *inputs, **kwargs)
         config.check_inductive_bert_settings()
         self._keys_to_ignore_on_load_unexpected = unused_bert_weight_patterns(config)
+        # Only the layer class this configuration builds: accelerate's TRANSFORMER_BASED_WRAP (FSDP) refuses a listed
+        # class that no module has. post_init() gathers it from the submodels as for any model.
+        self._no_split_modules = ["IBertEmbeddings", "IBertLSTMLayer" if config.lstm_feed_forward else "BertLayer"]
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

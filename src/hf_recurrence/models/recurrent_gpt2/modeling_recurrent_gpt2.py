@@ -773,6 +773,21 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
+    def _targets(
+        self, labels: torch.Tensor | None, shift_labels: torch.Tensor | None, real: torch.Tensor
+    ) -> torch.Tensor | None:
+        """(batch, length) target of every new position, -100 where none: `shift_labels` as given (Trainer passes
+        pre-shifted targets under context parallelism and sequence packing), else `labels` shifted left by one."""
+        targets = shift_labels
+        if targets is None:
+            if labels is None:
+                return None
+            targets = nn.functional.pad(labels[:, 1:], (0, 1), value=-100)
+        if targets.shape != real.shape:
+            given = "shift_labels" if shift_labels is not None else "labels"
+            raise ValueError(f"{given} must have the input's shape {tuple(real.shape)}, got {tuple(targets.shape)}")
+        return targets.to(real.device)
+
     def _loss(self, logits: torch.Tensor, shift_labels: torch.Tensor, num_items: torch.Tensor | int) -> torch.Tensor:
         """Summed cross-entropy of already shifted labels, divided by the item count of the whole input."""
         return self.loss_function(
@@ -826,6 +841,9 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
                 Whether to return the logits. Defaults to `True` without `labels` and `False` with them.
             num_items_in_batch (`int` or `torch.Tensor`, *optional*):
                 Passed by `Trainer` under gradient accumulation: the loss is summed and divided by it.
+            shift_labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+                Targets already aligned with the positions that predict them (Trainer passes them under context
+                parallelism and sequence packing); used as given instead of shifting `labels`.
         """
         inputs_embeds, real, state = self.transformer._prepare(
             input_ids, attention_mask, past_key_values, inputs_embeds, kwargs
@@ -833,11 +851,10 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
         output_hidden_states = bool(
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
-        keep_logits = labels is None if return_logits is None else return_logits
-        shift_labels = num_items = None
-        if labels is not None:
-            labels = labels.to(inputs_embeds.device)
-            shift_labels = nn.functional.pad(labels[:, 1:], (0, 1), value=-100)
+        shift_labels = self._targets(labels, kwargs.get("shift_labels"), real)
+        keep_logits = shift_labels is None if return_logits is None else return_logits
+        num_items = None
+        if shift_labels is not None:
             num_items = kwargs.get("num_items_in_batch")
             if num_items is None:
                 num_items = (shift_labels != -100).sum()
@@ -845,7 +862,7 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
         def window_loss(hidden: torch.Tensor, step_labels: torch.Tensor) -> torch.Tensor:
             return self._loss(self.lm_head(hidden), step_labels, num_items)  # (batch, new, vocab) logits, then freed
 
-        if labels is not None and not keep_logits:
+        if shift_labels is not None and not keep_logits:
             steps = self.transformer._forward_windows(
                 inputs_embeds, real, state, shift_labels, window_loss, output_hidden_states
             )
@@ -854,7 +871,7 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
             steps = self.transformer._forward_windows(inputs_embeds, real, state, None, None, output_hidden_states)
             # One head call over all positions: cheaper than concatenating per-window logits.
             logits = self.lm_head(torch.cat([s.hidden for s in steps], dim=1)) if keep_logits else None
-            loss = self._loss(logits, shift_labels, num_items) if labels is not None else None
+            loss = self._loss(logits, shift_labels, num_items) if shift_labels is not None else None
         output = RecurrentGPT2CausalLMOutput(
             loss=loss,
             logits=logits,

@@ -636,6 +636,24 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.lm_head = new_embeddings
 
+    # Adapted from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2LMHeadModel._targets (this
+    # model also masks padding, which it removes before reading segments).
+    def _targets(
+        self, labels: torch.Tensor | None, shift_labels: torch.Tensor | None, real: torch.Tensor
+    ) -> torch.Tensor | None:
+        """(batch, length) target of every new position, -100 where none: `shift_labels` as given (Trainer passes
+        pre-shifted targets under context parallelism and sequence packing), else `labels` shifted left by one."""
+        targets = shift_labels
+        if targets is None:
+            if labels is None:
+                return None
+            targets = nn.functional.pad(labels[:, 1:], (0, 1), value=-100)
+        if targets.shape != real.shape:
+            given = "shift_labels" if shift_labels is not None else "labels"
+            raise ValueError(f"{given} must have the input's shape {tuple(real.shape)}, got {tuple(targets.shape)}")
+        # Padding is removed before the segments are read, so its positions must not be targets.
+        return targets.to(real.device).masked_fill(~real, -100)
+
     # Adapted from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2LMHeadModel (same loss
     # and return_logits contract; model folders must stay self-contained).
     def _loss(self, logits: torch.Tensor, shift_labels: torch.Tensor, num_items: torch.Tensor | int) -> torch.Tensor:
@@ -668,15 +686,17 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
                 Whether to return the logits. Defaults to `True` without `labels` and `False` with them.
             num_items_in_batch (`int` or `torch.Tensor`, *optional*):
                 Passed by `Trainer` under gradient accumulation: the loss is summed and divided by it.
+            shift_labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+                Targets already aligned with the positions that predict them (Trainer passes them under context
+                parallelism and sequence packing); used as given instead of shifting `labels`.
         """
         inputs_embeds, real, state = self.transformer._prepare(
             input_ids, attention_mask, past_key_values, inputs_embeds, kwargs
         )
-        keep_logits = labels is None if return_logits is None else return_logits
-        shift_labels = num_items = None
-        if labels is not None:
-            labels = labels.to(inputs_embeds.device)
-            shift_labels = nn.functional.pad(labels[:, 1:], (0, 1), value=-100).masked_fill(~real, -100)
+        shift_labels = self._targets(labels, kwargs.get("shift_labels"), real)
+        keep_logits = shift_labels is None if return_logits is None else return_logits
+        num_items = None
+        if shift_labels is not None:
             num_items = kwargs.get("num_items_in_batch")
             if num_items is None:
                 num_items = (shift_labels != -100).sum()
@@ -684,13 +704,13 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
         def segment_loss(hidden: torch.Tensor, segment_labels: torch.Tensor) -> torch.Tensor:
             return self._loss(self.lm_head(hidden), segment_labels, num_items)  # (rows, q, vocab) logits, then freed
 
-        if labels is not None and not keep_logits:
+        if shift_labels is not None and not keep_logits:
             _, losses = self.transformer._forward_segments(inputs_embeds, real, state, shift_labels, segment_loss)
             logits, loss = None, torch.stack(losses).sum()
         else:
             hidden, _ = self.transformer._forward_segments(inputs_embeds, real, state)
             logits = self.lm_head(hidden) if keep_logits else None
-            loss = self._loss(logits, shift_labels, num_items) if labels is not None else None
+            loss = self._loss(logits, shift_labels, num_items) if shift_labels is not None else None
         output = TransformerXLCausalLMOutput(
             loss=loss, logits=logits, past_key_values=state if use_cache is not False else None
         )
