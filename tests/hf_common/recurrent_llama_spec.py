@@ -1,0 +1,35 @@
+"""transformers' common tests on the recurrent Llama (GQA; 4-token windows so that the 7-token inputs cross a window
+boundary)."""
+
+import torch
+
+from hf_recurrence import RecurrentLlamaConfig, RecurrentLlamaForCausalLM, RecurrentLlamaModel
+
+
+config_class = RecurrentLlamaConfig
+all_model_classes = (RecurrentLlamaModel, RecurrentLlamaForCausalLM)
+pipeline_model_mapping = {"feature-extraction": RecurrentLlamaModel, "text-generation": RecurrentLlamaForCausalLM}
+BATCH, SEQ, VOCAB = 13, 7, 99
+
+
+def get_config_and_inputs():
+    config = RecurrentLlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=37,
+        max_position_embeddings=512,
+        window_size=4,
+        insertion_layer=1,
+        bos_token_id=VOCAB - 1,
+        eos_token_id=VOCAB - 1,
+        pad_token_id=VOCAB - 1,
+    )
+    input_ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    attention_mask = torch.tril(torch.ones_like(input_ids))
+    return config, {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+config_tester_kwargs = {"hidden_size": 64, "num_attention_heads": 4}
