@@ -65,14 +65,24 @@ def recurrent_llama_from_gguf(gguf_path: str | Path, **recurrence_settings) -> R
 
     `recurrence_settings`: `window_size`, `window_overlap`, ... as for `RecurrentLlamaForCausalLM.from_pretrained`.
     """
-    llama = load_llama_from_gguf(gguf_path)
+    try:
+        return recurrent_llama_from_llama(load_llama_from_gguf(gguf_path), **recurrence_settings)
+    except ValueError as error:
+        raise ValueError(f"{gguf_path}: {error}") from None
+
+
+def recurrent_llama_from_llama(llama: LlamaForCausalLM, **recurrence_settings) -> RecurrentLlamaForCausalLM:
+    """A `RecurrentLlamaForCausalLM` holding a copy of every weight of a loaded `llama`; only the recurrence is new.
+
+    Used to build several recurrent models from one loaded backbone without reading its checkpoint again.
+    """
     config_dict = llama.config.to_dict()
     for key in ("model_type", "architectures", "quantization_config", "transformers_version"):
         config_dict.pop(key, None)
     config = RecurrentLlamaConfig.from_dict(config_dict, **recurrence_settings)
-    model = RecurrentLlamaForCausalLM(config)
+    model = RecurrentLlamaForCausalLM(config).to(device=llama.device, dtype=llama.dtype)
     missing, unexpected = model.load_state_dict(llama.state_dict(), strict=False)
     new = [k for k in missing if not k.startswith("model.recurrence.")]
     if new or unexpected:
-        raise ValueError(f"{gguf_path} is not a complete Llama checkpoint: missing {new}, unexpected {unexpected}")
+        raise ValueError(f"not a complete Llama checkpoint: missing {new}, unexpected {unexpected}")
     return model.eval()

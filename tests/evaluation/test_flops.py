@@ -1,9 +1,9 @@
 """The analytic FLOPs count against the paper's FLOPs/token column and the recurrence's overhead."""
 
 import pytest
-from transformers import GPT2Config
+from transformers import GPT2Config, LlamaConfig, MistralConfig
 
-from hf_recurrence import RecurrentGPT2Config
+from hf_recurrence import RecurrentGPT2Config, RecurrentLlamaConfig
 from hf_recurrence.evaluation import flops_per_token
 
 
@@ -40,8 +40,30 @@ def test_bad_schedule_raises(window, overlap, named):
         flops_per_token(GPT2Config(), window, overlap)
 
 
+# SmolLM2-135M's shape: 30 layers, d = 576, 9 query heads sharing 3 key-value heads of 64, SwiGLU width 1536.
+SMOLLM2_SHAPE = {
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "max_position_embeddings": 8192,
+}
+
+
+def test_llama_counts_grouped_query_attention_and_swiglu():
+    # By hand: per layer q, o (576 x 576), k, v (576 x 192), gate, up, down (576 x 1536); attention over T = 128.
+    weights = 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536)
+    assert flops_per_token(LlamaConfig(**SMOLLM2_SHAPE), 128, 0) == 2 * weights + 2 * 30 * 128 * 576 == 216_760_320
+
+
+def test_llama_recurrence_adds_under_one_percent_and_overlap_the_recomputed_fraction():
+    llama = LlamaConfig(**SMOLLM2_SHAPE)
+    recurrent = RecurrentLlamaConfig(**SMOLLM2_SHAPE, window_size=128)
+    assert flops_per_token(llama, 128, 0) < flops_per_token(recurrent, 128, 0) < 1.01 * flops_per_token(llama, 128, 0)
+    assert flops_per_token(llama, 128, 16) == pytest.approx(flops_per_token(llama, 128, 0) * 128 / 112)
+
+
 def test_other_families_are_refused():
-    config = GPT2Config()
-    config.model_type = "llama"
-    with pytest.raises(ValueError, match="model_type='llama'"):
-        flops_per_token(config, 16, 0)
+    with pytest.raises(ValueError, match="model_type='mistral'"):
+        flops_per_token(MistralConfig(), 16, 0)

@@ -1,16 +1,24 @@
-"""windowed_perplexity against the definition (stock GPT-2) and against the model's own loss (recurrent GPT-2)."""
+"""windowed_perplexity against the definition (stock GPT-2 / Llama) and against the model's own loss (recurrent
+GPT-2 / Llama)."""
 
 import math
 
 import evaluate
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+)
 
-from hf_recurrence import RecurrentGPT2LMHeadModel
-from hf_recurrence.evaluation import METRIC_PATH, perplexity, window_schedule, windowed_perplexity
+from hf_recurrence import RecurrentGPT2LMHeadModel, RecurrentLlamaForCausalLM
+from hf_recurrence.evaluation import METRIC_PATH, flops_per_token, perplexity, window_schedule, windowed_perplexity
 
-from ..common import TINY_GPT2, tiny_recurrent_config
+from ..common import TINY_GPT2, TINY_LLAMA, tiny_recurrent_config, tiny_recurrent_llama_config
 
 
 @pytest.fixture(scope="module")
@@ -77,16 +85,26 @@ def test_model_without_logits_to_keep_equals_reference_loop(gpt2):
 
 def test_any_causal_lm_works_without_a_flops_count():
     torch.manual_seed(0)
-    config = LlamaConfig(
+    config = MistralConfig(
         vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=2,
         num_key_value_heads=1, max_position_embeddings=16,
     )  # fmt: skip
-    llama = LlamaForCausalLM(config).eval()
+    mistral = MistralForCausalLM(config).eval()
+    ids = torch.randint(0, 99, (40,))
+    result = windowed_perplexity(mistral, ids, 12, 5, show_progress=False)
+    total, count = reference_nll(mistral, ids, 12, 5)
+    assert result.num_tokens == count and result.nll == pytest.approx(total / count, rel=1e-5)
+    assert result.flops_per_token is None
+
+
+def test_llama_reads_windows_with_its_flops_count():
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).eval()
     ids = torch.randint(0, 99, (40,))
     result = windowed_perplexity(llama, ids, 12, 5, show_progress=False)
     total, count = reference_nll(llama, ids, 12, 5)
     assert result.num_tokens == count and result.nll == pytest.approx(total / count, rel=1e-5)
-    assert result.flops_per_token is None
+    assert result.flops_per_token == flops_per_token(llama.config, 12, 5)
     with pytest.raises(ValueError, match="window_size=17"):
         windowed_perplexity(llama, ids, 17, 0, show_progress=False)
 
@@ -98,11 +116,16 @@ def test_stock_defaults_to_the_position_table_without_overlap(gpt2):
     assert result.nll == pytest.approx(windowed_perplexity(gpt2, ids.tolist(), 16, 0, show_progress=False).nll)
 
 
+@pytest.mark.parametrize("family", ["recurrent_gpt2", "recurrent_llama"])
 @pytest.mark.parametrize("overlap", [0, 3])
-def test_recurrent_model_equals_its_own_loss(overlap, monkeypatch):
+def test_recurrent_model_equals_its_own_loss(overlap, family, monkeypatch):
     # Chunks that split windows, so the state and the boundary predictions cross calls.
     monkeypatch.setattr(perplexity, "RECURRENT_CHUNK_TOKENS", 11)
-    model = recurrent_model(window_overlap=overlap).train()
+    if family == "recurrent_gpt2":
+        model = recurrent_model(window_overlap=overlap).train()
+    else:
+        torch.manual_seed(0)
+        model = RecurrentLlamaForCausalLM(tiny_recurrent_llama_config(window_overlap=overlap)).train()
     documents = [torch.randint(0, 99, (length,)) for length in (23, 70, 5)]
     # Two documents per forward: the batches are (70, 23) right-padded, then (5,).
     result = windowed_perplexity(model, documents, batch_size=2, show_progress=False)

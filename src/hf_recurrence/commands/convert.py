@@ -24,7 +24,11 @@ RECURRENCE_SETTINGS = (
     "recurrence_hidden_sizes",
     "bptt_windows",
     "h_prev_rope_position",
+    "normalize_pooled_states",
+    "recurrence_input",
 )
+# Settings only the recurrent Llama has.
+LLAMA_ONLY_SETTINGS = ("h_prev_rope_position", "normalize_pooled_states", "recurrence_input")
 # model_type of the source checkpoint -> the recurrent class that loads it
 RECURRENT_CLASSES = {
     "gpt2": RecurrentGPT2LMHeadModel,
@@ -53,6 +57,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--h_prev_rope_position", type=int, help="Llama only: RoPE position of the h_prev key (default: unrotated)."
     )
+    parser.add_argument(
+        "--normalize_pooled_states",
+        action="store_const",
+        const=True,
+        help="Llama only: pool unit-RMS token states (Llama attention sinks otherwise dominate the window mean).",
+    )
+    parser.add_argument(
+        "--recurrence_input",
+        choices=("window", "zeros"),
+        help="Llama only: 'zeros' builds the control, a learned constant h_prev (default: window).",
+    )
     parser.add_argument("--gguf_file", help="GGUF file inside model_name_or_path (a Llama, e.g. SmolLM2).")
     parser.add_argument("--revision", default=None, help="Hub revision of the source checkpoint.")
     parser.add_argument(
@@ -76,8 +91,9 @@ def _load_folder(args: argparse.Namespace, settings: dict):
         raise UsageError(
             f"{args.model_name_or_path} is a {model_type!r} checkpoint; convert takes {sorted(RECURRENT_CLASSES)}"
         )
-    if model_class is RecurrentGPT2LMHeadModel and "h_prev_rope_position" in settings:
-        raise UsageError("--h_prev_rope_position applies to Llama checkpoints only (GPT-2 has no RoPE)")
+    llama_only = [name for name in LLAMA_ONLY_SETTINGS if name in settings]
+    if model_class is RecurrentGPT2LMHeadModel and llama_only:
+        raise UsageError(f"--{', --'.join(llama_only)} apply to Llama checkpoints only, not GPT-2")
     model, info = model_class.from_pretrained(
         args.model_name_or_path, revision=args.revision, output_loading_info=True, **settings
     )

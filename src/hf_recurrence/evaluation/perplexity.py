@@ -13,13 +13,13 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 from transformers.utils import logging
 
-from .flops import GPT2_MODEL_TYPES, check_schedule, flops_per_token
+from .flops import FLOPS_MODEL_TYPES, check_schedule, flops_per_token
 
 
 logger = logging.get_logger(__name__)
 
 # Model types that read a long input in their own windows and carry a state across them.
-RECURRENT_MODEL_TYPES = ("recurrent_gpt2",)
+RECURRENT_MODEL_TYPES = ("recurrent_gpt2", "recurrent_llama")
 
 # Tokens fed to a recurrent model per call: bounds the (tokens, vocab) logits held at once.
 RECURRENT_CHUNK_TOKENS = 512
@@ -160,8 +160,8 @@ def windowed_perplexity(
             total_nll += _stock_nll(model, documents, window_size, overlap, batch_size, progress, sinks)
 
     nll = total_nll / num_tokens
-    # The analytic count covers GPT-2-shaped blocks only.
-    flops = flops_per_token(config, window_size, overlap) if config.model_type in GPT2_MODEL_TYPES else None
+    # The analytic count covers GPT-2- and Llama-shaped blocks.
+    flops = flops_per_token(config, window_size, overlap) if config.model_type in FLOPS_MODEL_TYPES else None
     return WindowedPerplexity(
         perplexity=math.exp(nll),
         nll=nll,
@@ -211,7 +211,8 @@ def _word_count(num_words: int | None, text: str | Sequence[str] | None) -> int 
 def resolve_schedule(config, window_size: int | None, overlap: int | None, recurrent: bool) -> tuple[int, int]:
     """Fill in the defaults and check `window_size` / `overlap` against the model; raise ValueError naming a bad one."""
     if recurrent:
-        max_window = config.n_positions
+        # GPT-2 families name their position table n_positions, Llama families max_position_embeddings.
+        max_window = config.n_positions if hasattr(config, "n_positions") else config.max_position_embeddings
         window_size = config.window_size if window_size is None else window_size
         if overlap is not None and overlap != config.window_overlap:
             raise ValueError(

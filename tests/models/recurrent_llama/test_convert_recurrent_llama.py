@@ -20,29 +20,33 @@ def test_convert_keeps_a_llama_folder_and_adds_the_recurrence(tmp_path, capsys):
     tokenizer.save_pretrained(tmp_path / "llama")
     out = tmp_path / "recurrent"
     main(["convert", str(tmp_path / "llama"), str(out), "--window_size", "8", "--insertion_layer", "1",
-          "--h_prev_rope_position", "0"])  # fmt: skip
+          "--h_prev_rope_position", "0", "--normalize_pooled_states", "--recurrence_input", "zeros"])  # fmt: skip
     assert "Saved a recurrent Llama" in capsys.readouterr().out
     model = RecurrentLlamaForCausalLM.from_pretrained(out).eval()
-    assert (model.config.window_size, model.config.h_prev_rope_position) == (8, 0)
+    config = model.config
+    assert (config.window_size, config.h_prev_rope_position, config.normalize_pooled_states) == (8, 0, True)
+    assert config.recurrence_input == "zeros"
     assert (out / "tokenizer.json").exists()
     ids = torch.randint(0, model.config.vocab_size, (1, 8))
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, llama(ids).logits, **ACROSS_KERNELS)
 
 
-def test_convert_refuses_a_rope_position_for_gpt2(tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--h_prev_rope_position", "0"], "--h_prev_rope_position"),
+        (
+            ["--normalize_pooled_states", "--recurrence_input", "zeros"],
+            "--normalize_pooled_states, --recurrence_input",
+        ),
+    ],
+)
+def test_convert_refuses_llama_settings_for_gpt2(options, named, tmp_path, capsys):
     GPT2LMHeadModel(GPT2Config(**TINY_GPT2)).save_pretrained(tmp_path / "gpt2")
-    argv = [
-        "convert",
-        str(tmp_path / "gpt2"),
-        str(tmp_path / "out"),
-        "--window_size",
-        "8",
-        "--h_prev_rope_position",
-        "0",
-    ]
+    argv = ["convert", str(tmp_path / "gpt2"), str(tmp_path / "out"), "--window_size", "8", *options]
     assert main(argv) == 2
-    assert "h_prev_rope_position applies to Llama checkpoints only" in capsys.readouterr().err
+    assert f"{named} apply to Llama checkpoints only" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassFieldValidationError
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_recurrence import RecurrentLlamaConfig, RecurrentLlamaForCausalLM, RecurrentLlamaModel, RecurrentLlamaState
@@ -40,11 +41,17 @@ class TestConfig:
             ({"bptt_windows": 0}, "bptt_windows", "0"),
             ({"h_prev_rope_position": -9}, "h_prev_rope_position", "-9"),
             ({"h_prev_rope_position": 1}, "h_prev_rope_position", "1"),
+            ({"recurrence_input": "noise"}, "recurrence_input", "'noise'"),
         ],
     )
     def test_invalid_values_name_field_and_value(self, overrides, field, value):
         with pytest.raises(ValueError, match=f"{field}={value}".replace("[", r"\[").replace("]", r"\]")):
             tiny_recurrent_llama_config(**overrides)
+
+    def test_the_pooling_switch_takes_only_a_bool(self):
+        # transformers' strict config dataclass checks the declared type, as for every bool field of a config.
+        with pytest.raises(StrictDataclassFieldValidationError, match="normalize_pooled_states"):
+            tiny_recurrent_llama_config(normalize_pooled_states=1)
 
     def test_defaults(self):
         config = RecurrentLlamaConfig()
@@ -109,6 +116,47 @@ class TestForward:
         changed[0, :8] = ids[0, :8].flip(0)
         # Window 1 is identical; it differs only through h_prev.
         assert not torch.allclose(model(ids).logits[:, 8:], model(changed).logits[:, 8:])
+
+    def test_control_h_prev_is_a_learned_constant_that_ignores_the_text(self):
+        control = make_model(recurrence_input="zeros")
+        ids = torch.randint(0, 99, (1, 16))
+        changed = ids.clone()
+        changed[0, :8] = ids[0, :8].flip(0)
+        with torch.no_grad():
+            torch.testing.assert_close(control(ids).logits[:, 8:], control(changed).logits[:, 8:])
+            # ... but it is there: window 2 differs from the same tokens read as a first window.
+            assert not torch.allclose(control(ids).logits[:, 8:], control(ids[:, 8:]).logits)
+
+    @pytest.mark.parametrize("normalize", [False, True])
+    def test_h_prev_is_the_ffn_of_the_layer_weighted_mean(self, normalize):
+        model = make_model(normalize_pooled_states=normalize)
+        with torch.no_grad():
+            model.model.recurrence.layer_weight_logits.copy_(torch.tensor([0.5, -1.0, 2.0]))
+            ids = torch.randint(0, 99, (2, 9))  # one full window, then one token that closes it
+            layer_outputs = torch.stack(model(ids[:, :8], output_hidden_states=True).hidden_states[1:])
+            state = model(ids, use_cache=True).past_key_values
+        if normalize:
+            layer_outputs = layer_outputs * torch.rsqrt(layer_outputs.pow(2).mean(-1, keepdim=True) + 1e-6)
+        weights = torch.softmax(torch.tensor([0.5, -1.0, 2.0]), dim=0)
+        summary = (weights[:, None, None] * layer_outputs.mean(2)).sum(0)  # (batch, hidden)
+        torch.testing.assert_close(state.memory, model.model.recurrence(summary))
+
+    def test_normalized_pooling_ignores_a_token_with_huge_activations(self):
+        # An attention-sink-like first token, 1000x the others: it dominates the plain mean, not the normalized one.
+        model = make_model(normalize_pooled_states=True)
+        plain = make_model(normalize_pooled_states=False)
+        plain.load_state_dict(model.state_dict())
+        embeds = torch.randn(1, 9, 32)
+        louder = embeds.clone()
+        louder[0, 0] *= 1000
+        with torch.no_grad():
+            memory = {
+                name: [m(inputs_embeds=e, use_cache=True).past_key_values.memory for e in (embeds, louder)]
+                for name, m in (("normalized", model), ("plain", plain))
+            }
+        normalized_change = (memory["normalized"][0] - memory["normalized"][1]).norm()
+        plain_change = (memory["plain"][0] - memory["plain"][1]).norm()
+        assert normalized_change < plain_change / 10
 
     def test_h_prev_rope_position_only_changes_later_windows(self):
         unrotated = make_model()
@@ -182,6 +230,15 @@ class TestStateEquivalence:
             chunked, state = chunked_logits(model, ids, splits)
         torch.testing.assert_close(chunked, full)
         assert state.get_seq_length() == 45
+
+    @pytest.mark.parametrize("overrides", [{"normalize_pooled_states": True}, {"recurrence_input": "zeros"}])
+    def test_chunked_equals_one_shot_for_the_pooling_and_control_switches(self, overrides):
+        model = make_model(window_overlap=3, **overrides)
+        ids = torch.randint(0, 99, (2, 45))
+        with torch.no_grad():
+            full = model(ids).logits
+            chunked, _ = chunked_logits(model, ids, [3, 11, 29, 30])
+        torch.testing.assert_close(chunked, full)
 
     @pytest.mark.parametrize("overlap", [0, 3])
     def test_token_by_token_equals_one_shot(self, overlap):

@@ -25,7 +25,12 @@ RECURRENCE_FIELDS = (
     "recurrence_hidden_sizes",
     "bptt_windows",
     "h_prev_rope_position",
+    "normalize_pooled_states",
+    "recurrence_input",
 )
+
+# What the recurrence reads: the window's summary (the paper), or zeros (the control: a learned constant h_prev).
+RECURRENCE_INPUTS = ("window", "zeros")
 
 
 def _is_int(value: Any) -> bool:
@@ -67,6 +72,16 @@ class RecurrentLlamaConfig(LlamaConfig):
             rotates it as a token at window position `p`; `-1` puts it just before the window's first token, where
             the summarised text was. The issue-14 prototype on SmolLM2-135M trained well unrotated; the field exists
             so the choice can be measured.
+        normalize_pooled_states (`bool`, *optional*, defaults to `False`):
+            Scale every layer's token states to unit RMS (no learned weight) before the layer-weighted mean. Llama
+            decoders put attention-sink activations on a window's first token that are ~100x larger than the other
+            tokens' (SmolLM2-135M: a norm of ~23,800 against ~150 at layer 15) and layers' scales differ ~30x, so
+            the plain mean of the paper is mostly a constant; normalised, each token and layer counts alike.
+        recurrence_input (`str`, *optional*, defaults to `"window"`):
+            `"window"`: `h_prev` is computed from the previous window's summary (the paper). `"zeros"`: the
+            recurrence network reads zeros, so `h_prev` is a learned constant, the same for every window: the control
+            that separates the gain from carried context from that of one extra learned key/value (a one-token
+            prefix).
 
     Example:
 
@@ -91,6 +106,8 @@ class RecurrentLlamaConfig(LlamaConfig):
     recurrence_hidden_sizes: list[int] | None = None
     bptt_windows: int | None = None
     h_prev_rope_position: int | None = None
+    normalize_pooled_states: bool = False
+    recurrence_input: str = "window"
 
     def __post_init__(self, **kwargs):
         if self.recurrence_hidden_sizes is None:
@@ -167,6 +184,10 @@ class RecurrentLlamaConfig(LlamaConfig):
             raise ValueError(
                 f"bptt_windows must be None (full backpropagation through time) or a positive integer, got "
                 f"bptt_windows={self.bptt_windows!r}"
+            )
+        if self.recurrence_input not in RECURRENCE_INPUTS:
+            raise ValueError(
+                f"recurrence_input must be one of {RECURRENCE_INPUTS}, got recurrence_input={self.recurrence_input!r}"
             )
         position, limit = self.h_prev_rope_position, self.max_position_embeddings - self.window_size
         if position is not None and (not _is_int(position) or not -limit <= position <= 0):

@@ -539,7 +539,10 @@ class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
             values.append(value)
             if i == num_layers - 1:
                 hidden = self.norm(hidden)
-            pooled = pooled + layer_weights[i] * (hidden.float() * real_f).sum(1)
+            states = hidden.float()
+            if self.config.normalize_pooled_states:
+                states = states * torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
+            pooled = pooled + layer_weights[i] * (states * real_f).sum(1)
             if all_hidden is not None:
                 all_hidden.append(hidden[:, -num_new:])
         hidden = hidden[:, -num_new:]
@@ -558,6 +561,8 @@ class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
     def _begin_window(self, state: RecurrentLlamaState, starting: torch.Tensor) -> None:
         """Close the current window of the `starting` rows: summarise it into `h_prev` and clear their cache."""
         summary = state.pooled_sum / state.fill.clamp(min=1)[:, None]  # (batch, hidden): mean over the window
+        if self.config.recurrence_input == "zeros":
+            summary = torch.zeros_like(summary)
         k = self.config.bptt_windows
         if k is not None and self.training:
             # Windows 1..k+1, k+2..2k+2, ... form the runs gradient may cross; cut at the window before each run.
