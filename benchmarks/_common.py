@@ -7,13 +7,16 @@ Not a benchmark itself; the scripts import it as a sibling module (`python bench
 
 import argparse
 import contextlib
+import json
 import os
 import platform
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -77,6 +80,26 @@ def run_or_render_arguments(description: str, threads: int, runs: str) -> argpar
     parser.add_argument("--note", default="", help="a sentence about the run, e.g. the load seen while it ran")
     parser.add_argument("extra", nargs="*", help=f"flags passed on to {runs} after `--`")
     return parser.parse_args()
+
+
+def run_or_render(args: argparse.Namespace, run: Callable[[Path], None], images: dict[str, Path]) -> tuple[dict, str]:
+    """Run a long job with `run(results_dir)` into a scratch folder, or take the finished `args.results_dir`; read
+    its results.json and, with `--write-docs`, copy its plots (`{produced file: docs image}`) into docs/.
+
+    Returns the results and a line saying where it ran (or was rendered).
+    """
+    info = machine_info()
+    with tempfile.TemporaryDirectory() as scratch:
+        results_dir = args.results_dir or Path(scratch)
+        if args.results_dir is None:
+            run(results_dir)
+        report = json.loads((results_dir / "results.json").read_text())
+        if args.write_docs:
+            for produced, image in images.items():
+                image.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(results_dir / produced, image)
+    where = f"Machine: {info}; {load_at_end()}." if args.results_dir is None else f"Rendered on: {info}."
+    return report, where
 
 
 def setup(seed: int, threads: int) -> None:

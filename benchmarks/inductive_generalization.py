@@ -12,17 +12,13 @@ Run (about 30 minutes on 2 CPU cores with one thread):
 
 import argparse
 import importlib.util
-import json
-import shutil
-import tempfile
 from pathlib import Path
 
 from _common import (
     REPO_ROOT,
     command_line,
-    load_at_end,
-    machine_info,
     markdown_table,
+    run_or_render,
     run_or_render_arguments,
     setup,
     write_section,
@@ -69,29 +65,24 @@ def results_table(report: dict) -> str:
 def main() -> None:
     args = run_or_render_arguments(__doc__.split("\n\n")[0], threads=1, runs="the example script")
     setup(0, args.threads)
-    info = machine_info()
-    with tempfile.TemporaryDirectory() as scratch:
-        results_dir = args.results_dir or Path(scratch)
-        if args.results_dir is None:
-            run_example(results_dir, args.extra)
-        report = json.loads((results_dir / "results.json").read_text())
-        table = results_table(report)
-        print(table)
-        if args.write_docs:
-            IMAGE.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(results_dir / "accuracy_vs_difficulty.png", IMAGE)
-            write_section("inductive_generalization", docs_section(args, info, report, table))
+    report, where = run_or_render(
+        args, lambda results_dir: run_example(results_dir, args.extra), {"accuracy_vs_difficulty.png": IMAGE}
+    )
+    table = results_table(report)
+    print(table)
+    if args.write_docs:
+        write_section("inductive_generalization", docs_section(args, where, report, table))
 
 
-def docs_section(args: argparse.Namespace, info: str, report: dict, table: str) -> str:
+def docs_section(args: argparse.Namespace, where: str, report: dict, table: str) -> str:
     if args.results_dir is None:
         origin = f"`{command_line()}`, which runs\n`python {SCRIPT.relative_to(REPO_ROOT)} {' '.join(CPU_RUN)}`"
-        machine = f"Machine: {info}; {load_at_end()}. {args.note}"
+        machine = f"{where} {args.note}"
     else:
         origin = (
             f"`{report['command']}`, rendered by `python benchmarks/inductive_generalization.py --results-dir DIR`"
         )
-        machine = f"Run: {args.note}\n\nRendered on: {info}."
+        machine = f"Run: {args.note}\n\n{where}"
     return f"""## Inductive generalization on NSP Add (paper Figure 4a)
 
 Goal: the paper's shape, I-BERT well above BERT on difficulties never seen in training, BERT near zero. Sequence

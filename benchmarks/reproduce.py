@@ -7,12 +7,9 @@ paper's two claims checked on the numbers, the wall time and the perplexity-vs-F
     python benchmarks/reproduce.py --write-docs [-- extra reproduce flags]
 """
 
-import json
-import shutil
-import tempfile
 from pathlib import Path
 
-from _common import REPO_ROOT, load_at_end, machine_info, run_or_render_arguments, setup, write_section
+from _common import REPO_ROOT, run_or_render, run_or_render_arguments, setup, write_section
 
 from hf_recurrence.cli import main as cli_main
 from hf_recurrence.evaluation import format_table
@@ -30,18 +27,15 @@ PAPER = (
 def main() -> None:
     args = run_or_render_arguments(__doc__.split("\n\n")[0], threads=2, runs="`hf-recurrence reproduce`")
     setup(0, args.threads)
-    info = machine_info()
-    with tempfile.TemporaryDirectory() as scratch:
-        results_dir = args.results_dir or Path(scratch)
-        command = ["reproduce", *args.extra]
-        if args.results_dir is None and cli_main([*command, "--output_dir", str(results_dir)]) != 0:
+    command = ["reproduce", *args.extra]
+
+    def run(results_dir: Path) -> None:
+        if cli_main([*command, "--output_dir", str(results_dir)]) != 0:
             raise SystemExit(2)  # the command printed why
-        report = json.loads((results_dir / "results.json").read_text())
-        if args.write_docs:
-            IMAGE.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(results_dir / "perplexity_vs_flops.png", IMAGE)
-            run = f"Machine: {info}; {load_at_end()}." if args.results_dir is None else f"Rendered on: {info}."
-            write_section("reproduce", docs_section(" ".join(["hf-recurrence", *command]), report, run, args.note))
+
+    report, where = run_or_render(args, run, {"perplexity_vs_flops.png": IMAGE})
+    if args.write_docs:
+        write_section("reproduce", docs_section(" ".join(["hf-recurrence", *command]), report, where, args.note))
 
 
 def docs_section(command: str, report: dict, run: str, note: str) -> str:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from transformers import (
     AutoConfig,
@@ -97,8 +98,18 @@ def overlap_tokens(window_size: int, fraction: float) -> int:
     return round(window_size * fraction)
 
 
-def fine_tune(model: PreTrainedModel, dataset, settings: ReproductionSettings, collator=None) -> float:
-    """Fine-tune with the stock Trainer; returns the final training loss."""
+class TrainingSchedule(Protocol):
+    """The training fields `fine_tune` reads (of `ReproductionSettings` or `BookReproductionSettings`)."""
+
+    max_steps: int
+    batch_size: int
+    learning_rate: float
+    warmup_steps: int
+    seed: int
+
+
+def fine_tune(model: PreTrainedModel, dataset, settings: TrainingSchedule, collator=None) -> float:
+    """Fine-tune the trainable parameters of `model` with the stock Trainer; returns the final training loss."""
     set_seed(settings.seed)
     with tempfile.TemporaryDirectory(prefix="hf_recurrence_reproduce_") as scratch:
         trainer = Trainer(
