@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch.utils.data import Dataset
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast, TrainingArguments
 
 from hf_recurrence import InductiveBertConfig, RecurrentGPT2Config, RecurrentLlamaConfig, TransformerXLConfig
 from hf_recurrence.data import python_stdlib_documents, train_byte_level_bpe
@@ -93,6 +93,22 @@ def tiny_transformer_xl_config(**overrides) -> TransformerXLConfig:
         **overrides,
     }
     return TransformerXLConfig(**kwargs)
+
+
+def tiny_training_arguments(output_dir: Path, **overrides) -> TrainingArguments:
+    """Trainer arguments of the tests' short CPU runs: 2 steps of 2 examples at 1e-3, no saving, no reporting."""
+    arguments = {
+        "max_steps": 2,
+        "per_device_train_batch_size": 2,
+        "per_device_eval_batch_size": 2,
+        "learning_rate": 1e-3,
+        "report_to": "none",
+        "save_strategy": "no",
+        "use_cpu": True,
+        "disable_tqdm": True,
+        **overrides,
+    }
+    return TrainingArguments(output_dir=str(output_dir), **arguments)
 
 
 class RandomBlocks(Dataset):

@@ -4,49 +4,17 @@ name that no module of the model has: every family, head and configuration must 
 import pytest
 from accelerate.utils import FullyShardedDataParallelPlugin
 
-from hf_recurrence import (
-    IBertForMaskedLM,
-    IBertForSequenceClassification,
-    IBertForTokenClassification,
-    IBertModel,
-    RecurrentGPT2LMHeadModel,
-    RecurrentGPT2Model,
-    RecurrentLlamaForCausalLM,
-    RecurrentLlamaModel,
-    TransformerXLLMHeadModel,
-    TransformerXLModel,
-)
-
-from .common import (
-    tiny_inductive_bert_config,
-    tiny_recurrent_config,
-    tiny_recurrent_llama_config,
-    tiny_transformer_xl_config,
-)
+from .families import FAMILIES
 
 
+# Every class of every family; I-BERT also with its LSTM feed-forward layers, which change the layer class.
 CASES = [
-    *(
-        pytest.param(cls, tiny_recurrent_config, id=cls.__name__)
-        for cls in (RecurrentGPT2Model, RecurrentGPT2LMHeadModel)
-    ),
-    *(
-        pytest.param(cls, tiny_recurrent_llama_config, id=cls.__name__)
-        for cls in (RecurrentLlamaModel, RecurrentLlamaForCausalLM)
-    ),
-    *(
-        pytest.param(cls, tiny_transformer_xl_config, id=cls.__name__)
-        for cls in (TransformerXLModel, TransformerXLLMHeadModel)
-    ),
-    *(
-        pytest.param(
-            cls,
-            lambda lstm=lstm: tiny_inductive_bert_config(lstm_feed_forward=lstm),
-            id=f"{cls.__name__}-lstm_ffn={lstm}",
-        )
-        for cls in (IBertModel, IBertForMaskedLM, IBertForSequenceClassification, IBertForTokenClassification)
-        for lstm in (False, True)
-    ),
+    pytest.param(cls, family.tiny_config, id=cls.__name__) for family in FAMILIES for cls in family.model_classes
+] + [
+    pytest.param(cls, lambda family=family: family.tiny_config(lstm_feed_forward=True), id=f"{cls.__name__}-lstm_ffn")
+    for family in FAMILIES
+    if family.name == "inductive_bert"
+    for cls in family.model_classes
 ]
 
 

@@ -1,7 +1,6 @@
 """BERT checkpoints load into I-BERT; Auto classes, pipelines, save/load and trust_remote_code loading."""
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ from hf_recurrence import (
     InductiveBertConfig,
 )
 
-from ...common import ACROSS_KERNELS, assert_loads_with_remote_code, tiny_inductive_bert_config
+from ...common import tiny_inductive_bert_config
 from .tokenizer import word_level_tokenizer
 
 
@@ -137,46 +136,3 @@ def test_auto_classes_resolve_to_ours_and_not_to_integer_bert():
     assert ours is not transformers.IBertForMaskedLM
     integer_bert = AutoModelForMaskedLM.from_config(AutoConfig.for_model("ibert", **kwargs))
     assert type(integer_bert) is transformers.IBertForMaskedLM
-
-
-def test_save_load_round_trip(tmp_path):
-    model = IBertForMaskedLM(tiny_inductive_bert_config(use_position_embeddings=True)).eval()
-    model.save_pretrained(tmp_path)
-    files = {p.name for p in tmp_path.iterdir()}
-    assert {
-        "model.safetensors",
-        "config.json",
-        "configuration_inductive_bert.py",
-        "modeling_inductive_bert.py",
-    } <= files
-    saved_config = json.loads((tmp_path / "config.json").read_text())
-    assert saved_config["auto_map"] == InductiveBertConfig().auto_map
-    assert saved_config["use_position_embeddings"] is True
-
-    ids = torch.randint(1, 99, (2, 11))
-    mask = torch.ones_like(ids)
-    mask[0, :3] = 0
-    for loader in (IBertForMaskedLM, AutoModelForMaskedLM):
-        loaded = loader.from_pretrained(tmp_path).eval()
-        assert type(loaded) is IBertForMaskedLM
-        torch.testing.assert_close(loaded(ids, mask).logits, model(ids, mask).logits, **ACROSS_KERNELS)
-    base = AutoModel.from_pretrained(tmp_path).eval()
-    torch.testing.assert_close(base(ids).last_hidden_state, model.bert(ids).last_hidden_state, **ACROSS_KERNELS)
-
-
-@pytest.mark.remote_code
-def test_trust_remote_code_in_a_fresh_interpreter_without_the_package(tmp_path):
-    model = IBertForMaskedLM(tiny_inductive_bert_config(lstm_feed_forward=True)).eval()
-    ids = torch.randint(1, 99, (2, 20))
-    mask = torch.ones_like(ids)
-    mask[1, 15:] = 0
-    # Ours, not transformers' Integer-BERT class of the same name; the other heads resolve from the same folder.
-    checks = f"""
-assert type(model) is not transformers.IBertForMaskedLM
-classifier = transformers.AutoModelForSequenceClassification.from_pretrained(
-    {str(tmp_path / "checkpoint")!r}, trust_remote_code=True
-)
-assert type(classifier).__name__ == "IBertForSequenceClassification", type(classifier)
-"""
-    inputs = {"input_ids": ids, "attention_mask": mask}
-    assert_loads_with_remote_code(model, inputs, tmp_path, "AutoModelForMaskedLM", checks=checks)

@@ -1,11 +1,11 @@
 """The stock Trainer with DataCollatorForLanguageModeling trains I-BERT's masked-LM head."""
 
 import torch
-from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+from transformers import DataCollatorForLanguageModeling, Trainer
 
 from hf_recurrence import IBertForMaskedLM
 
-from ...common import tiny_inductive_bert_config
+from ...common import tiny_inductive_bert_config, tiny_training_arguments
 from .tokenizer import word_level_tokenizer
 
 
@@ -22,18 +22,14 @@ def test_trainer_with_mlm_collator_lowers_the_loss_on_a_repeated_batch(tmp_path)
     lstm_before = model.bert.embeddings.lstm.weight_hh_l0.detach().clone()
     with torch.no_grad():
         loss_before = model.eval()(**fixed_batch).loss
-    args = TrainingArguments(
-        output_dir=str(tmp_path),
+    args = tiny_training_arguments(
+        tmp_path,
         max_steps=10,
         per_device_train_batch_size=4,
         gradient_accumulation_steps=2,
         activation_checkpointing=True,
         learning_rate=1e-2,
         lr_scheduler_type="constant",
-        report_to="none",
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
         seed=0,
     )
     trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=collator)

@@ -2,29 +2,18 @@
 
 import pytest
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer
 
 from hf_recurrence import RecurrentLlamaForCausalLM
 
-from ...common import RandomBlocks, tiny_recurrent_llama_config
+from ...common import RandomBlocks, tiny_recurrent_llama_config, tiny_training_arguments
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_trainer_trains_on_long_blocks(tmp_path, checkpointing):
     model = RecurrentLlamaForCausalLM(tiny_recurrent_llama_config(window_overlap=2))
     before = model.model.recurrence.ffn[0].weight.detach().clone()
-    args = TrainingArguments(
-        output_dir=str(tmp_path),
-        max_steps=2,
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=2,
-        activation_checkpointing=checkpointing,
-        learning_rate=1e-3,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-    )
+    args = tiny_training_arguments(tmp_path, gradient_accumulation_steps=2, activation_checkpointing=checkpointing)
     trainer = Trainer(model=model, args=args, train_dataset=RandomBlocks(8, 48), eval_dataset=RandomBlocks(4, 48))
     result = trainer.train()
     assert model.model.gradient_checkpointing is checkpointing

@@ -1,28 +1,17 @@
 """The stock Trainer trains Transformer-XL on blocks of several segments."""
 
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer
 
 from hf_recurrence import TransformerXLLMHeadModel
 
-from ...common import RandomBlocks, tiny_transformer_xl_config
+from ...common import RandomBlocks, tiny_training_arguments, tiny_transformer_xl_config
 
 
 def test_trainer_trains_on_long_blocks(tmp_path):
     model = TransformerXLLMHeadModel(tiny_transformer_xl_config(dropout=0.1))
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    args = TrainingArguments(
-        output_dir=str(tmp_path),
-        max_steps=3,
-        per_device_train_batch_size=2,
-        per_device_eval_batch_size=2,
-        gradient_accumulation_steps=2,
-        learning_rate=1e-3,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-    )
+    args = tiny_training_arguments(tmp_path, max_steps=3, gradient_accumulation_steps=2)
     trainer = Trainer(model=model, args=args, train_dataset=RandomBlocks(12, 40), eval_dataset=RandomBlocks(4, 40))
     result = trainer.train()
     assert torch.isfinite(torch.tensor(result.training_loss))

@@ -611,8 +611,7 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
-    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2LMHeadModel (model folders
-    # must stay self-contained for remote code).
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2LMHeadModel._prepare_cache_for_generation
     def _prepare_cache_for_generation(self, generation_config: GenerationConfig, model_kwargs: dict, *args, **kwargs):
         # generate() would only warn that a cache_implementation "will be ignored" and run anyway.
         if generation_config.cache_implementation is not None:
@@ -625,6 +624,7 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
             )
         return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2LMHeadModel.init_continuous_batching
     def init_continuous_batching(self, *args, **kwargs):
         # generate(cache_implementation="paged") and generate_batch() come here, past _prepare_cache_for_generation.
         raise ValueError(

@@ -1,0 +1,151 @@
+"""The model families, as one table the common tests (`tests/test_families.py`) run over.
+
+Adding a family: one `Family` entry here, plus the tests of what is its own in `tests/models/<family>/`.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, PreTrainedConfig, PreTrainedModel
+
+from hf_recurrence import (
+    IBertForMaskedLM,
+    IBertForSequenceClassification,
+    IBertForTokenClassification,
+    IBertModel,
+    RecurrentGPT2LMHeadModel,
+    RecurrentGPT2Model,
+    RecurrentLlamaForCausalLM,
+    RecurrentLlamaModel,
+    TransformerXLLMHeadModel,
+    TransformerXLModel,
+)
+
+from .common import (
+    tiny_inductive_bert_config,
+    tiny_recurrent_config,
+    tiny_recurrent_llama_config,
+    tiny_transformer_xl_config,
+)
+
+
+# Run in the fresh interpreter after a causal model is loaded as remote code: it generates past its position range.
+GENERATES_PAST_THE_WINDOW = """
+ids = reference["inputs"]["input_ids"][:, :4]
+generated = model.generate(ids, max_new_tokens=40, min_new_tokens=40, do_sample=False)
+assert generated.shape == (2, 44)
+"""
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the common tests need to know about a family.
+
+    Args:
+        name: the folder under `hf_recurrence/models` (also the config's `model_type`).
+        tiny_config: builds a tiny config; keyword overrides are config fields.
+        base_class, head_class: the bare model and the main head.
+        head_auto_class: the Auto class that resolves to `head_class`.
+        other_heads: the family's further heads.
+        saved_settings: non-default config fields that a save/load round trip must keep.
+        stateful: whether the model carries a state through `past_key_values` (the causal families).
+        chunk_splits: where an input may be cut so that chunked calls carrying the state equal one call.
+        state_carries_gradient: whether the state returned in training mode holds tensors with autograd history
+            (backpropagation through time across calls); Transformer-XL's memories never do (paper §3.2).
+        remote_checks: more Python run in the fresh interpreter after loading as remote code.
+    """
+
+    name: str
+    tiny_config: Callable[..., PreTrainedConfig]
+    base_class: type[PreTrainedModel]
+    head_class: type[PreTrainedModel]
+    head_auto_class: type
+    other_heads: tuple[type[PreTrainedModel], ...] = ()
+    saved_settings: dict = field(default_factory=dict)
+    stateful: bool = True
+    chunk_splits: tuple[int, ...] = ()
+    state_carries_gradient: bool = True
+    remote_checks: str = ""
+
+    @property
+    def model_classes(self) -> tuple[type[PreTrainedModel], ...]:
+        return (self.base_class, self.head_class, *self.other_heads)
+
+    def head(self, **overrides) -> PreTrainedModel:
+        torch.manual_seed(0)
+        return self.head_class(self.tiny_config(**overrides)).eval()
+
+    def inputs(self, batch: int = 2, length: int = 30) -> dict[str, torch.Tensor]:
+        """Token ids (no 0, the padding id of the tiny configs) and, for I-BERT, a mask with left padding."""
+        generator = torch.Generator().manual_seed(1)
+        ids = torch.randint(1, 99, (batch, length), generator=generator)
+        if self.stateful:
+            return {"input_ids": ids}
+        mask = torch.ones_like(ids)
+        mask[0, :3] = 0
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def base(self, model: PreTrainedModel) -> PreTrainedModel:
+        """The bare model inside a head."""
+        return getattr(model, model.base_model_prefix)
+
+
+FAMILIES = [
+    Family(
+        name="recurrent_gpt2",
+        tiny_config=tiny_recurrent_config,
+        base_class=RecurrentGPT2Model,
+        head_class=RecurrentGPT2LMHeadModel,
+        head_auto_class=AutoModelForCausalLM,
+        saved_settings={"window_overlap": 2, "bptt_windows": 3},
+        chunk_splits=(3, 11, 28, 29),
+        remote_checks=GENERATES_PAST_THE_WINDOW,
+    ),
+    Family(
+        name="recurrent_llama",
+        tiny_config=tiny_recurrent_llama_config,
+        base_class=RecurrentLlamaModel,
+        head_class=RecurrentLlamaForCausalLM,
+        head_auto_class=AutoModelForCausalLM,
+        saved_settings={
+            "window_overlap": 2,
+            "bptt_windows": 3,
+            "h_prev_rope_position": 0,
+            "normalize_pooled_states": True,
+            "recurrence_input": "zeros",
+        },
+        chunk_splits=(3, 11, 28, 29),
+        remote_checks=GENERATES_PAST_THE_WINDOW,
+    ),
+    Family(
+        name="transformer_xl",
+        tiny_config=tiny_transformer_xl_config,
+        base_class=TransformerXLModel,
+        head_class=TransformerXLLMHeadModel,
+        head_auto_class=AutoModelForCausalLM,
+        saved_settings={"clamp_len": 5, "untie_r": False},
+        chunk_splits=(8, 24),  # on segment boundaries: a call starts a new segment
+        state_carries_gradient=False,
+        remote_checks=GENERATES_PAST_THE_WINDOW,
+    ),
+    Family(
+        name="inductive_bert",
+        tiny_config=tiny_inductive_bert_config,
+        base_class=IBertModel,
+        head_class=IBertForMaskedLM,
+        head_auto_class=AutoModelForMaskedLM,
+        other_heads=(IBertForSequenceClassification, IBertForTokenClassification),
+        saved_settings={"use_position_embeddings": True, "lstm_feed_forward": True},
+        stateful=False,
+        # Ours, not transformers' Integer-BERT class of the same name; the other heads resolve from the same folder.
+        remote_checks="""
+assert type(model) is not transformers.IBertForMaskedLM
+folder = model.name_or_path
+classifier = transformers.AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True)
+assert type(classifier).__name__ == "IBertForSequenceClassification", type(classifier)
+""",
+    ),
+]
+
+STATEFUL_FAMILIES = [family for family in FAMILIES if family.stateful]

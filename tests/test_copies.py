@@ -1,0 +1,53 @@
+"""`utils/check_copies.py`: every `# Copied from` block in the model folders equals its original, and drift is caught."""
+
+import importlib.util
+import subprocess
+import sys
+
+from .common import REPO_ROOT
+
+
+CHECKER = REPO_ROOT / "utils" / "check_copies.py"
+spec = importlib.util.spec_from_file_location("check_copies", CHECKER)
+check_copies = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(check_copies)
+
+ORIGINAL = "hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2"
+
+
+def test_every_copy_in_the_model_folders_matches():
+    count, problems = check_copies.check_all()
+    assert problems == []
+    assert count >= 25  # the recurrent Llama's copies of the recurrent GPT-2 and Transformer-XL's
+
+
+def test_the_script_exits_nonzero_on_drift(tmp_path):
+    assert subprocess.run([sys.executable, str(CHECKER)], capture_output=True).returncode == 0
+    drifted = tmp_path / "modeling_drifted.py"
+    drifted.write_text(
+        f"# Copied from {ORIGINAL}._concat_hidden_states\ndef _concat_hidden_states(steps):\n    return tuple(steps)\n"
+    )
+    count, problems = check_copies.check_all(tmp_path)
+    assert count == 1
+    assert problems == [f"{drifted}:1: differs from {ORIGINAL}._concat_hidden_states"]
+
+
+def test_replacements_are_applied_and_a_missing_original_is_named(tmp_path):
+    def holder(return_type: str) -> str:
+        return (
+            "class Holder:\n"
+            f"    # Copied from {ORIGINAL}.RecurrentGPT2State.detach with RecurrentGPT2->Other\n"
+            f'    def detach(self) -> "{return_type}":\n'
+            '        """Cut the autograd history of every tensor (truncated BPTT between calls). Returns `self`."""\n'
+            "        return self._map(torch.Tensor.detach)\n"
+        )
+
+    (tmp_path / "modeling_renamed.py").write_text(holder("OtherState"))
+    assert check_copies.check_all(tmp_path) == (1, [])
+    (tmp_path / "modeling_renamed.py").write_text(
+        holder("RecurrentGPT2State") + f"# Copied from {ORIGINAL}.NoSuchThing\ndef thing():\n    pass\n"
+    )
+    _, problems = check_copies.check_all(tmp_path)
+    assert len(problems) == 2
+    assert problems[0].endswith(f"differs from {ORIGINAL}.RecurrentGPT2State.detach with RecurrentGPT2->Other")
+    assert problems[1].endswith(f"{ORIGINAL}.NoSuchThing does not exist")

@@ -1,0 +1,129 @@
+"""What every model family must pass, run over the family table (`tests/families.py`): Auto classes, save/load with
+`auto_map`, remote code in a fresh interpreter, a Trainer run, and for the stateful families the state contract
+(chunked == one-shot, detach / reset / reorder)."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, Trainer
+
+from .common import ACROSS_KERNELS, RandomBlocks, assert_loads_with_remote_code, tiny_training_arguments
+from .families import FAMILIES, STATEFUL_FAMILIES, Family
+
+
+def family_ids(families: list[Family]) -> list[str]:
+    return [family.name for family in families]
+
+
+def by_family(families: list[Family] = FAMILIES):
+    return pytest.mark.parametrize("family", families, ids=family_ids(families))
+
+
+@by_family()
+def test_auto_classes_resolve_to_ours(family):
+    kwargs = {k: v for k, v in family.tiny_config().to_dict().items() if k != "model_type"}
+    config = AutoConfig.for_model(family.name, **kwargs)
+    assert type(config) is type(family.tiny_config())
+    assert type(AutoModel.from_config(config)) is family.base_class
+    assert type(family.head_auto_class.from_config(config)) is family.head_class
+
+
+@by_family()
+def test_save_load_round_trip_keeps_settings_auto_map_and_outputs(family, tmp_path):
+    model = family.head(**family.saved_settings)
+    model.save_pretrained(tmp_path)
+    files = {p.name for p in tmp_path.iterdir()}
+    assert {
+        "model.safetensors",
+        "config.json",
+        f"configuration_{family.name}.py",
+        f"modeling_{family.name}.py",
+    } <= files
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["auto_map"] == type(model.config)().auto_map
+    assert {"AutoConfig", "AutoModel", family.head_auto_class.__name__} <= set(saved["auto_map"])
+    assert len(saved["auto_map"]) == 3 + len(family.other_heads)
+    assert {name: saved[name] for name in family.saved_settings} == family.saved_settings
+
+    inputs = family.inputs()
+    with torch.no_grad():
+        for loader in (family.head_class, family.head_auto_class):
+            loaded = loader.from_pretrained(tmp_path).eval()
+            assert type(loaded) is family.head_class
+            torch.testing.assert_close(loaded(**inputs).logits, model(**inputs).logits, **ACROSS_KERNELS)
+        base = AutoModel.from_pretrained(tmp_path).eval()
+        torch.testing.assert_close(
+            base(**inputs).last_hidden_state, family.base(model)(**inputs).last_hidden_state, **ACROSS_KERNELS
+        )
+
+
+@pytest.mark.remote_code
+@by_family()
+def test_trust_remote_code_in_a_fresh_interpreter_without_the_package(family, tmp_path):
+    model = family.head(**family.saved_settings)
+    assert_loads_with_remote_code(
+        model, family.inputs(length=40), tmp_path, family.head_auto_class.__name__, checks=family.remote_checks
+    )
+
+
+@by_family()
+def test_trainer_updates_every_parameter(family, tmp_path):
+    model = family.head().train()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    args = tiny_training_arguments(tmp_path)
+    result = Trainer(model=model, args=args, train_dataset=RandomBlocks(4, 30)).train()
+    assert torch.isfinite(torch.tensor(result.training_loss))
+    assert [name for name, p in model.named_parameters() if torch.equal(before[name], p)] == []
+
+
+@by_family(STATEFUL_FAMILIES)
+def test_chunked_calls_carrying_the_state_equal_one_call(family):
+    model = family.head(window_overlap=3) if "window_overlap" in family.saved_settings else family.head()
+    ids = family.inputs(length=30)["input_ids"]
+    with torch.no_grad():
+        whole = model(ids).logits
+        pieces, state = [], None
+        bounds = [0, *family.chunk_splits, ids.shape[1]]
+        for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+            out = model(ids[:, start:stop], past_key_values=state)
+            pieces.append(out.logits)
+            state = out.past_key_values
+    torch.testing.assert_close(torch.cat(pieces, dim=1), whole)
+    assert state.get_seq_length() == 30
+
+
+def _tensors(state) -> list[torch.Tensor]:
+    """Every tensor the state holds, directly or in a list/tuple attribute."""
+    found = []
+    for value in vars(state).values():
+        values = value if isinstance(value, list | tuple) else [value]
+        found += [v for v in values if isinstance(v, torch.Tensor)]
+    return found
+
+
+@by_family(STATEFUL_FAMILIES)
+def test_state_detach_reset_and_reorder(family):
+    model = family.head()
+    ids = family.inputs(batch=3, length=20)["input_ids"]
+    following = family.inputs(batch=3, length=9)["input_ids"]
+
+    state = model.train()(ids).past_key_values
+    assert any(t.requires_grad for t in _tensors(state)) == family.state_carries_gradient
+    assert state.detach() is state
+    assert not any(t.requires_grad for t in _tensors(state))
+
+    model.eval()
+    with torch.no_grad():
+        state = model(ids).past_key_values
+        continued = model(following, past_key_values=state).logits
+        # Reordered rows continue as the rows they were copied from (beam search).
+        state = model(ids).past_key_values
+        order = torch.tensor([2, 2, 0])
+        state.reorder_cache(order)
+        assert state.batch_size == 3
+        torch.testing.assert_close(model(following[order], past_key_values=state).logits, continued[order])
+        # A reset state reads like a fresh one.
+        state.reset()
+        assert state.get_seq_length() == 0
+        torch.testing.assert_close(model(following, past_key_values=state).logits, model(following).logits)
