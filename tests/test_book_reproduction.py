@@ -3,6 +3,7 @@ on a tiny Llama (the real SmolLM2 run is recorded in docs/benchmarks.md)."""
 
 import json
 import shutil
+import sys
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_recurrence.book_reproduction import BookReproductionSettings
 from hf_recurrence.cli import main
+from hf_recurrence.commands.reproduce import BOOK_PRESETS
 from hf_recurrence.data import books as books_module
 from hf_recurrence.data import books_cache_dir
 from hf_recurrence.outputs import UsageError
@@ -126,3 +128,21 @@ def test_settings_name_bad_values():
         BookReproductionSettings(batch_size=0)
     with pytest.raises(UsageError, match="window_size=1"):
         BookReproductionSettings(window_size=1)
+
+
+def test_a_missing_book_reader_names_the_package_to_install(
+    books_available, tiny_llama_folder, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setitem(sys.modules, "rdata", None)  # `import rdata` now raises ImportError
+    status = main(["reproduce", "--preset", "smollm2", "--model_name_or_path", str(tiny_llama_folder),
+                   "--output_dir", str(tmp_path / "out"), *TINY_RUN])  # fmt: skip
+    assert status == 2
+    assert "needs the `rdata` package: pip install rdata" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("preset", sorted(BOOK_PRESETS))
+def test_every_book_preset_is_valid_and_reads_the_papers_overlaps(preset):
+    settings = BookReproductionSettings(**BOOK_PRESETS[preset])
+    assert list(settings.overlap_fractions) == [0.0, 0.125, 0.25, 0.5]
+    assert settings.eval_split == "test"

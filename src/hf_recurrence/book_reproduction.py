@@ -138,12 +138,20 @@ def held_out_documents(
 
 
 def train_arm(
-    llama: LlamaForCausalLM, recurrence_input: str, stream: list[int], settings: BookReproductionSettings
+    llama: LlamaForCausalLM,
+    recurrence_input: str,
+    stream: list[int],
+    settings: BookReproductionSettings,
+    **config_overrides,
 ) -> tuple[RecurrentLlamaForCausalLM, float, float]:
     """A recurrent Llama on the frozen `llama`, its recurrence module trained with the stock Trainer; returns the
-    model, the final training loss and the minutes taken. Every arm sees the same blocks in the same order."""
+    model, the final training loss and the minutes taken. Every arm sees the same blocks in the same order.
+
+    `config_overrides`: further `RecurrentLlamaConfig` fields (e.g. `h_prev_rope_position=-1`) for ablations.
+    """
     set_seed(settings.seed)  # the recurrence module's initialisation: the same for every arm
-    model = recurrent_llama_from_llama(llama, **settings.recurrence_settings(), recurrence_input=recurrence_input)
+    recurrence = {**settings.recurrence_settings(), "recurrence_input": recurrence_input, **config_overrides}
+    model = recurrent_llama_from_llama(llama, **recurrence)
     model.requires_grad_(False)
     model.model.recurrence.requires_grad_(True)
     blocks = TokenBlocks(stream, settings.windows_per_block * settings.window_size)
@@ -197,14 +205,17 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
     """
     start = time.perf_counter()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    llama, tokenizer, source = load_llama(settings.model_name_or_path)
+    try:  # a missing optional reader (gguf, rdata) is a set-up mistake: say which package to install
+        llama, tokenizer, source = load_llama(settings.model_name_or_path)
+        train_books = austen_split("train")
+    except ImportError as error:
+        raise UsageError(str(error)) from None
     # The recurrent configuration's own checks (window against the position table, insertion layer) before any work.
     try:
         recurrent_llama_from_llama(llama, **settings.recurrence_settings())
     except ValueError as error:
         raise UsageError(f"{source}: {error}") from None
     documents, read = held_out_documents(settings, tokenizer)
-    train_books = austen_split("train")
     stream = token_stream([book.text for book in train_books], tokenizer)
     prepare_output_dir(output_dir, BOOK_REPORT_FILES, overwrite=overwrite)
     write_austen_split_manifest(output_dir / "split.json")

