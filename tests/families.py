@@ -54,6 +54,8 @@ class Family:
         state_carries_gradient: whether the state returned in training mode holds tensors with autograd history
             (backpropagation through time across calls); Transformer-XL's memories never do (paper §3.2).
         remote_checks: more Python run in the fresh interpreter after loading as remote code.
+        attention_columns: the width of the attention weights the model returns, from its config (the stateful
+            families lay them out by window position or by distance, the same columns in every call).
     """
 
     name: str
@@ -67,6 +69,7 @@ class Family:
     chunk_splits: tuple[int, ...] = ()
     state_carries_gradient: bool = True
     remote_checks: str = ""
+    attention_columns: Callable[[PreTrainedConfig], int] | None = None
 
     @property
     def model_classes(self) -> tuple[type[PreTrainedModel], ...]:
@@ -101,6 +104,7 @@ FAMILIES = [
         saved_settings={"window_overlap": 2, "bptt_windows": 3},
         chunk_splits=(3, 11, 28, 29),
         remote_checks=GENERATES_PAST_THE_WINDOW,
+        attention_columns=lambda config: 1 + config.window_size,  # h_prev, then the window's positions
     ),
     Family(
         name="recurrent_llama",
@@ -117,6 +121,7 @@ FAMILIES = [
         },
         chunk_splits=(3, 11, 28, 29),
         remote_checks=GENERATES_PAST_THE_WINDOW,
+        attention_columns=lambda config: 1 + config.window_size,  # h_prev, then the window's positions
     ),
     Family(
         name="transformer_xl",
@@ -128,6 +133,7 @@ FAMILIES = [
         chunk_splits=(8, 24),  # on segment boundaries: a call starts a new segment
         state_carries_gradient=False,
         remote_checks=GENERATES_PAST_THE_WINDOW,
+        attention_columns=lambda config: config.mem_len + config.segment_length,  # distances
     ),
     Family(
         name="inductive_bert",

@@ -25,11 +25,11 @@ def test_the_script_exits_nonzero_on_drift(tmp_path):
     assert subprocess.run([sys.executable, str(CHECKER)], capture_output=True).returncode == 0
     drifted = tmp_path / "modeling_drifted.py"
     drifted.write_text(
-        f"# Copied from {ORIGINAL}._concat_hidden_states\ndef _concat_hidden_states(steps):\n    return tuple(steps)\n"
+        f"# Copied from {ORIGINAL}._concat_layers\ndef _concat_layers(per_step, dim):\n    return tuple(per_step)\n"
     )
     count, problems = check_copies.check_all(tmp_path)
     assert count == 1
-    assert problems == [f"{drifted}:1: differs from {ORIGINAL}._concat_hidden_states"]
+    assert problems == [f"{drifted}:1: differs from {ORIGINAL}._concat_layers"]
 
 
 def test_replacements_are_applied_and_a_missing_original_is_named(tmp_path):

@@ -127,3 +127,48 @@ def test_state_detach_reset_and_reorder(family):
         state.reset()
         assert state.get_seq_length() == 0
         torch.testing.assert_close(model(following, past_key_values=state).logits, model(following).logits)
+
+
+@by_family(STATEFUL_FAMILIES)
+def test_attentions_and_hidden_states(family):
+    model = family.head(window_overlap=3) if "window_overlap" in family.saved_settings else family.head()
+    ids = family.inputs(length=30)["input_ids"]
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    layers = model.config.num_hidden_layers
+    with torch.no_grad():
+        plain = model(ids, attention_mask=mask)
+        out = model(ids, attention_mask=mask, output_attentions=True, output_hidden_states=True)
+    # Asking for the weights (eager attention) does not change the result.
+    torch.testing.assert_close(out.logits, plain.logits)
+    assert len(out.attentions) == layers and len(out.hidden_states) == layers + 1
+    heads = model.config.num_attention_heads
+    for weights in out.attentions:
+        assert weights.shape == (2, heads, 30, family.attention_columns(model.config))
+        row_sums = weights.sum(-1)  # (batch, head, length): 1 at real positions, 0 at padding
+        torch.testing.assert_close(row_sums, mask[:, None, :].float().expand_as(row_sums))
+    torch.testing.assert_close(out.hidden_states[-1], family.base(model)(ids, attention_mask=mask).last_hidden_state)
+
+    # The columns mean the same in every call: chunked calls' weights are the one call's.
+    with torch.no_grad():
+        whole = model(ids, output_attentions=True).attentions
+        pieces, state = [], None
+        bounds = [0, *family.chunk_splits, ids.shape[1]]
+        for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+            chunk = model(ids[:, start:stop], past_key_values=state, output_attentions=True)
+            pieces.append(chunk.attentions)
+            state = chunk.past_key_values
+    for layer, weights in enumerate(whole):
+        torch.testing.assert_close(torch.cat([piece[layer] for piece in pieces], dim=2), weights)
+
+
+@by_family([family for family in STATEFUL_FAMILIES if family.name.startswith("recurrent_")])
+def test_h_prev_column_is_used_only_at_the_insertion_layer_after_the_first_window(family):
+    model = family.head()
+    window, insertion = model.config.window_size, model.config.insertion_layer
+    with torch.no_grad():
+        attentions = model(family.inputs(length=2 * window)["input_ids"], output_attentions=True).attentions
+    for layer, weights in enumerate(attentions):
+        h_prev = weights[..., 0]  # (batch, head, length)
+        assert not h_prev[..., :window].any()
+        assert h_prev[..., window:].all() if layer == insertion else not h_prev.any()

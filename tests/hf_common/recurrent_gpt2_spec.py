@@ -2,8 +2,9 @@
 that the 7-token inputs cross a window boundary)."""
 
 import torch
+from stateful_checks import generation_checks, retain_grad_skip, unbounded_char_tokenizer
 
-from hf_recurrence import RecurrentGPT2Config, RecurrentGPT2LMHeadModel, RecurrentGPT2Model
+from hf_recurrence import RecurrentGPT2Config, RecurrentGPT2LMHeadModel, RecurrentGPT2Model, RecurrentGPT2State
 
 
 config_class = RecurrentGPT2Config
@@ -32,3 +33,7 @@ def get_config_and_inputs():
 
 
 config_tester_kwargs = {"n_embd": 37}
+test_class_attrs = generation_checks(RecurrentGPT2State, lambda config: 1 + config.window_size)
+model_tester_attrs = {"key_length": 1 + get_config_and_inputs()[0].window_size}  # h_prev, then the window
+skip_tests = {"test_retain_grad_hidden_states_attentions": retain_grad_skip("window")}
+get_tokenizer = unbounded_char_tokenizer

@@ -2,8 +2,9 @@
 boundary)."""
 
 import torch
+from stateful_checks import generation_checks, retain_grad_skip, unbounded_char_tokenizer
 
-from hf_recurrence import RecurrentLlamaConfig, RecurrentLlamaForCausalLM, RecurrentLlamaModel
+from hf_recurrence import RecurrentLlamaConfig, RecurrentLlamaForCausalLM, RecurrentLlamaModel, RecurrentLlamaState
 
 
 config_class = RecurrentLlamaConfig
@@ -33,3 +34,14 @@ def get_config_and_inputs():
 
 
 config_tester_kwargs = {"hidden_size": 64, "num_attention_heads": 4}
+test_class_attrs = generation_checks(RecurrentLlamaState, lambda config: 1 + config.window_size)
+model_tester_attrs = {"key_length": 1 + get_config_and_inputs()[0].window_size}  # h_prev, then the window
+skip_tests = {
+    "test_retain_grad_hidden_states_attentions": retain_grad_skip("window"),
+    "test_model_rope_scaling_from_config_1_dynamic": (
+        "dynamic RoPE scaling changes the frequencies only for positions past max_position_embeddings, and positions "
+        "restart in every window (window_size <= max_position_embeddings), so it never takes effect: the test's "
+        "'long input differs' check cannot hold. linear and yarn scaling, which act at every position, pass"
+    ),
+}
+get_tokenizer = unbounded_char_tokenizer

@@ -156,7 +156,6 @@ class TestForward:
             ({"position_ids": torch.zeros(1, 5, dtype=torch.long)}, ValueError, "position_ids"),
             ({"attention_mask": torch.ones(1, 3)}, ValueError, "attention_mask"),
             ({"past_key_values": object()}, TypeError, "RecurrentGPT2State"),
-            ({"output_attentions": True}, ValueError, "output_attentions"),
         ],
     )
     def test_bad_input_is_refused_clearly(self, kwargs, error, match):
@@ -370,8 +369,9 @@ class TestBackpropagationThroughTime:
 
 
 class TestGradientCheckpointing:
+    @pytest.mark.parametrize("use_reentrant", [False, True])
     @pytest.mark.parametrize("overrides", [{}, {"window_overlap": 3}, {"bptt_windows": 2}])
-    def test_same_loss_and_gradients(self, overrides):
+    def test_same_loss_and_gradients(self, overrides, use_reentrant):
         model = make_model(**overrides).train()
         ids = torch.randint(0, 99, (2, 50))
         labels = ids.clone()
@@ -385,8 +385,8 @@ class TestGradientCheckpointing:
             return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
         plain_loss, plain_grads = loss_and_grads()
-        model.activation_checkpointing_enable()
-        assert model.transformer.gradient_checkpointing
+        model.activation_checkpointing_enable({"use_reentrant": use_reentrant})
+        assert model.transformer.window_step.gradient_checkpointing
         checked_loss, checked_grads = loss_and_grads()
         torch.testing.assert_close(checked_loss, plain_loss)
         assert checked_grads.keys() == plain_grads.keys()

@@ -16,7 +16,7 @@ def test_trainer_trains_on_long_blocks(tmp_path, checkpointing):
     args = tiny_training_arguments(tmp_path, gradient_accumulation_steps=2, activation_checkpointing=checkpointing)
     trainer = Trainer(model=model, args=args, train_dataset=RandomBlocks(8, 48), eval_dataset=RandomBlocks(4, 48))
     result = trainer.train()
-    assert model.model.gradient_checkpointing is checkpointing
+    assert model.model.window_step.gradient_checkpointing is checkpointing
     assert torch.isfinite(torch.tensor(result.training_loss))
     assert not torch.equal(before, model.model.recurrence.ffn[0].weight)
     assert torch.isfinite(torch.tensor(trainer.evaluate()["eval_loss"]))

@@ -13,6 +13,7 @@ from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.pytorch_utils import Conv1D
 from transformers.utils import ModelOutput, logging
@@ -49,6 +50,29 @@ def _gather_slots(tensor: torch.Tensor, index: torch.Tensor, dim: int) -> torch.
     shape[0], shape[dim] = index.shape
     expanded = index.view(shape).expand(*tensor.shape[:dim], index.shape[1], *tensor.shape[dim + 1 :])
     return tensor.gather(dim, expanded)
+
+
+def _window_attentions(
+    weights: torch.Tensor, key_valid: torch.Tensor, with_memory: bool, window_size: int, query_real: torch.Tensor
+) -> torch.Tensor:
+    """One step's attention weights laid out by window position, so that every step and every call has the same
+    columns: (batch, head, queries, 1 + window_size), column 0 for `h_prev`, column 1 + j for position j of the
+    query's current window (a re-read overlap token keeps its position in the new window). Rows of padding queries
+    are zero.
+
+    weights: (batch, head, queries, [1 +] keys) as the attention computed them (a leading `h_prev` column when
+    `with_memory`); key_valid: (batch, keys) bool over the cached slots then the step's columns; query_real:
+    (batch, queries) bool.
+    """
+    token_weights = weights[..., 1:] if with_memory else weights
+    # The valid keys of a row are exactly its current window, in order; the rest go to a column that is dropped.
+    index = torch.where(key_valid, key_valid.cumsum(1) - 1, window_size)  # (batch, keys)
+    index = index[:, None, None, :].expand_as(token_weights)
+    by_position = token_weights.new_zeros(*token_weights.shape[:-1], window_size + 1)
+    by_position = by_position.scatter_add(-1, index, token_weights)[..., :window_size]
+    memory_weight = weights[..., :1] if with_memory else weights.new_zeros(*weights.shape[:-1], 1)
+    layout = torch.cat([memory_weight, by_position], dim=-1)
+    return layout * query_real[:, None, :, None].to(layout.dtype)
 
 
 class RecurrentGPT2Attention(nn.Module):
@@ -88,7 +112,8 @@ class RecurrentGPT2Attention(nn.Module):
         past_value: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
         memory: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         query, key, value = (self._heads(t) for t in self.c_attn(hidden_states).split(self.embed_dim, dim=2))
         if past_key is not None:
             key = torch.cat([past_key, key], dim=2)  # (batch, head, slots + seq, head_dim)
@@ -99,10 +124,13 @@ class RecurrentGPT2Attention(nn.Module):
             attn_key = torch.cat([memory[0], key], dim=2)
             attn_value = torch.cat([memory[1], value], dim=2)
 
-        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
-        attn_output, _ = attention_interface(
+        # Only eager attention materialises the weights, as in transformers' GPT-2.
+        attention_interface: Callable = eager_attention_forward
+        if not output_attentions:
+            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+                self.config._attn_implementation, eager_attention_forward
+            )
+        attn_output, attn_weights = attention_interface(
             self,
             query,
             attn_key,
@@ -113,7 +141,7 @@ class RecurrentGPT2Attention(nn.Module):
         )
         attn_output = attn_output.reshape(*attn_output.shape[:-2], -1).contiguous()  # (batch, seq, hidden)
         attn_output = self.resid_dropout(self.c_proj(attn_output))
-        return attn_output, key, value
+        return attn_output, key, value, attn_weights if output_attentions else None
 
 
 class RecurrentGPT2MLP(nn.Module):
@@ -151,11 +179,27 @@ class RecurrentGPT2Block(nn.Module):
         past_value: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
         memory: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        attn_output, key, value = self.attn(self.ln_1(hidden_states), past_key, past_value, attention_mask, memory)
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        attn_output, key, value, attn_weights = self.attn(
+            self.ln_1(hidden_states), past_key, past_value, attention_mask, memory, output_attentions
+        )
         hidden_states = hidden_states + attn_output
         hidden_states = hidden_states + self.mlp(self.ln_2(hidden_states))
-        return hidden_states, key, value
+        return hidden_states, key, value, attn_weights
+
+
+class RecurrentGPT2WindowStep(GradientCheckpointingLayer):
+    """The unit that gradient checkpointing recomputes: every layer over one stretch of a window (`run`, the model's
+    `_step`). It holds no weights, so the layers keep the names pretrained checkpoints give them. Checkpointing
+    whole window steps keeps only each window's inputs (its embeddings and the cached keys/values) for the backward
+    pass, the memory that backpropagation through several windows needs. `activation_checkpointing_enable()` flags it
+    like any transformers layer."""
+
+    def forward(self, run: Callable, settings: "_StepSettings", *tensors: torch.Tensor) -> tuple:
+        # Everything positional and a flat tuple out: the reentrant checkpoint connects only the tensors of a tuple
+        # output to the graph, and its recompute must see this call's arguments.
+        return run(settings, *tensors).flat()
 
 
 class RecurrentGPT2Recurrence(nn.Module):
@@ -364,11 +408,17 @@ class RecurrentGPT2ModelOutput(ModelOutput):
             State to continue from, returned when `use_cache=True`.
         hidden_states (`tuple(torch.FloatTensor)`, *optional*):
             Embedding output and every block's output, `(batch_size, sequence_length, hidden_size)` each.
+        attentions (`tuple(torch.FloatTensor)`, *optional*):
+            Every block's attention weights, `(batch_size, num_heads, sequence_length, 1 + window_size)` each:
+            column 0 is `h_prev` (zero outside the insertion block and in a row's first window), column `1 + j` is
+            position `j` of the query's own window (the state's `window_size`; the overlap a window re-reads holds
+            its first positions). Rows of padding positions are zero.
     """
 
     last_hidden_state: torch.FloatTensor | None = None
     past_key_values: RecurrentGPT2State | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
 @dataclass
@@ -383,12 +433,18 @@ class RecurrentGPT2CausalLMOutput(ModelOutput):
             State to continue from, returned when `use_cache=True`.
         hidden_states (`tuple(torch.FloatTensor)`, *optional*):
             Embedding output and every block's output, `(batch_size, sequence_length, hidden_size)` each.
+        attentions (`tuple(torch.FloatTensor)`, *optional*):
+            Every block's attention weights, `(batch_size, num_heads, sequence_length, 1 + window_size)` each:
+            column 0 is `h_prev` (zero outside the insertion block and in a row's first window), column `1 + j` is
+            position `j` of the query's own window (the state's `window_size`; the overlap a window re-reads holds
+            its first positions). Rows of padding positions are zero.
     """
 
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
     past_key_values: RecurrentGPT2State | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
 @dataclass
@@ -399,6 +455,38 @@ class _StepOutput:
     pooled: torch.Tensor  # (batch, hidden) float32 layer-weighted sum over the step's real positions
     all_hidden: tuple[torch.Tensor, ...] | None
     head: torch.Tensor | None  # what step_head returned (the window's loss)
+    attentions: tuple[torch.Tensor, ...] | None  # per block, (batch, head, new, 1 + window_size)
+
+    def flat(self) -> tuple[torch.Tensor | None, ...]:
+        return (
+            self.hidden,
+            self.pooled,
+            self.head,
+            *self.keys,
+            *self.values,
+            *(self.all_hidden or ()),
+            *(self.attentions or ()),
+        )
+
+    @classmethod
+    def from_flat(cls, flat: tuple[torch.Tensor | None, ...], num_layers: int, settings: "_StepSettings"):
+        hidden, pooled, head = flat[:3]
+        keys, values = list(flat[3 : 3 + num_layers]), list(flat[3 + num_layers : 3 + 2 * num_layers])
+        rest = flat[3 + 2 * num_layers :]
+        all_hidden = rest[: num_layers + 1] if settings.output_hidden_states else None
+        attentions = rest[-num_layers:] if settings.output_attentions else None
+        return cls(hidden, keys, values, pooled, all_hidden, head, attentions)
+
+
+@dataclass(frozen=True)
+class _StepSettings:
+    """What a step needs besides tensors."""
+
+    num_new: int  # the step's new columns (after any re-read overlap)
+    window_size: int
+    step_head: Callable | None  # run on the new positions' final hidden states and labels (the window's loss)
+    output_hidden_states: bool
+    output_attentions: bool
 
 
 class RecurrentGPT2PreTrainedModel(PreTrainedModel):
@@ -464,7 +552,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         self.h = nn.ModuleList([RecurrentGPT2Block(config, layer_idx=i) for i in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(self.embed_dim, eps=config.layer_norm_epsilon)
         self.recurrence = RecurrentGPT2Recurrence(config)
-        self.gradient_checkpointing = False
+        self.window_step = RecurrentGPT2WindowStep()
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -474,7 +562,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         self.wte = new_embeddings
 
     def _attention_masks(
-        self, real: torch.Tensor, slot_valid: torch.Tensor, has_memory: torch.Tensor, dtype: torch.dtype
+        self, real: torch.Tensor, slot_valid: torch.Tensor, has_memory: torch.Tensor, dtype: torch.dtype, eager: bool
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Masks for the ordinary blocks and for the insertion block, (batch, 1, new, [1 +] slots + new).
 
@@ -483,7 +571,6 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         """
         batch, new = real.shape
         slots = slot_valid.shape[1]
-        eager = self.config._attn_implementation == "eager"
         plain = None
         if eager or slots or not bool(real.all()):
             causal = torch.ones(new, new, dtype=torch.bool, device=real.device).tril()
@@ -504,6 +591,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
 
     def _step(
         self,
+        settings: _StepSettings,
         embeds: torch.Tensor,
         real: torch.Tensor,
         fill: torch.Tensor,
@@ -513,9 +601,6 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         memory_value: torch.Tensor,
         labels: torch.Tensor | None,
         *past: torch.Tensor,
-        num_new: int,
-        step_head: Callable | None,
-        output_hidden_states: bool,
     ) -> _StepOutput:
         """Run every block over one stretch of columns that stays inside each row's current window.
 
@@ -523,27 +608,37 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         real: (batch, cols) bool; fill: (batch,) tokens already in each row's window; `past` = the cached keys of
         every block, then their values. Pure in its tensor arguments, so it can be recomputed under checkpointing.
         """
-        n_layer = self.config.n_layer
+        n_layer, num_new = self.config.n_layer, settings.num_new
         positions = (fill[:, None] + real.cumsum(1) - 1).clamp(min=0)  # (batch, cols): restart in every window
         hidden = self.drop(embeds + self.wpe(positions))
-        plain_mask, inserted_mask = self._attention_masks(real, slot_valid, has_memory, hidden.dtype)
+        output_attentions = settings.output_attentions
+        eager = output_attentions or self.config._attn_implementation == "eager"
+        plain_mask, inserted_mask = self._attention_masks(real, slot_valid, has_memory, hidden.dtype, eager)
         use_memory = bool(has_memory.any())
         layer_weights = self.recurrence.layer_weights()
         real_f = real[..., None].float()
         pooled = torch.zeros(hidden.shape[0], hidden.shape[2], device=hidden.device)
-        all_hidden = [hidden[:, -num_new:]] if output_hidden_states else None
+        all_hidden = [hidden[:, -num_new:]] if settings.output_hidden_states else None
+        attentions = [] if output_attentions else None
+        key_valid = torch.cat([slot_valid, real], dim=1)  # (batch, slots + cols)
         keys, values = [], []
         for i, block in enumerate(self.h):
             past_key = past[i] if past[i].shape[2] else None
             past_value = past[n_layer + i] if past_key is not None else None
             inserting = use_memory and i == self.config.insertion_layer
-            hidden, key, value = block(
+            hidden, key, value, weights = block(
                 hidden,
                 past_key,
                 past_value,
                 inserted_mask if inserting else plain_mask,
                 (memory_key, memory_value) if inserting else None,
+                output_attentions,
             )
+            if attentions is not None:
+                query_weights = weights[:, :, -num_new:]  # (batch, head, new, [1 +] slots + cols)
+                attentions.append(
+                    _window_attentions(query_weights, key_valid, inserting, settings.window_size, real[:, -num_new:])
+                )
             keys.append(key)
             values.append(value)
             if i == n_layer - 1:
@@ -552,8 +647,16 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
             if all_hidden is not None:
                 all_hidden.append(hidden[:, -num_new:])
         hidden = hidden[:, -num_new:]
-        head = step_head(hidden, labels) if step_head is not None else None
-        return _StepOutput(hidden, keys, values, pooled, tuple(all_hidden) if all_hidden else None, head)
+        head = settings.step_head(hidden, labels) if settings.step_head is not None else None
+        return _StepOutput(
+            hidden,
+            keys,
+            values,
+            pooled,
+            tuple(all_hidden) if all_hidden else None,
+            head,
+            tuple(attentions) if attentions is not None else None,
+        )
 
     def _begin_window(self, state: RecurrentGPT2State, starting: torch.Tensor) -> None:
         """Close the current window of the `starting` rows: summarise it into `h_prev` and clear their cache."""
@@ -583,6 +686,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         shift_labels: torch.Tensor | None = None,
         step_head: Callable | None = None,
         output_hidden_states: bool = False,
+        output_attentions: bool = False,
     ) -> list[_StepOutput]:
         """Feed (batch, length, hidden) embeddings through the window schedule, advancing `state` in place.
 
@@ -606,6 +710,13 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
             if reread:
                 embeds = torch.cat([state.overlap_embeds, embeds], dim=1)
                 step_real = torch.cat([state.overlap_valid & starting[:, None], new_real], dim=1)
+            settings = _StepSettings(
+                num_new=stop - start,
+                window_size=window,
+                step_head=step_head,
+                output_hidden_states=output_hidden_states,
+                output_attentions=output_attentions,
+            )
             args = (
                 embeds,
                 step_real,
@@ -618,11 +729,8 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
                 *state.keys,
                 *state.values,
             )
-            kwargs = {"num_new": stop - start, "step_head": step_head, "output_hidden_states": output_hidden_states}
-            if self.gradient_checkpointing and self.training:
-                step = self._gradient_checkpointing_func(self._step, *args, **kwargs)
-            else:
-                step = self._step(*args, **kwargs)
+            flat = self.window_step(self._step, settings, *args)
+            step = _StepOutput.from_flat(flat, len(state.keys), settings)
             state.keys, state.values = step.keys, step.values
             # The state owns the cache now; a reference left here would keep every window's cache alive until return.
             step.keys = step.values = []
@@ -653,8 +761,6 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
                 "position_ids cannot be passed to the recurrent GPT-2: positions restart at 0 in every window and "
                 "are derived from the window schedule"
             )
-        if kwargs.get("output_attentions"):
-            raise ValueError("output_attentions=True is not supported by the recurrent GPT-2")
         if kwargs.get("token_type_ids") is not None:
             raise ValueError("token_type_ids are not supported by the recurrent GPT-2")
         if (input_ids is None) == (inputs_embeds is None):
@@ -700,6 +806,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         inputs_embeds: torch.FloatTensor | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
     ) -> RecurrentGPT2ModelOutput:
@@ -721,22 +828,38 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
                 training, and a recurrent model's state is part of its result.
             output_hidden_states (`bool`, *optional*):
                 Whether to return the embedding output and every block's output.
+            output_attentions (`bool`, *optional*):
+                Whether to return every block's attention weights, laid out by window position (see
+                [`RecurrentGPT2ModelOutput`]); computed with eager attention.
         """
         inputs_embeds, real, state = self._prepare(input_ids, attention_mask, past_key_values, inputs_embeds, kwargs)
-        output_hidden_states = bool(
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        output_hidden_states, output_attentions = self._output_flags(output_hidden_states, output_attentions)
+        steps = self._forward_windows(
+            inputs_embeds,
+            real,
+            state,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
         )
-        steps = self._forward_windows(inputs_embeds, real, state, output_hidden_states=output_hidden_states)
         output = RecurrentGPT2ModelOutput(
             last_hidden_state=torch.cat([s.hidden for s in steps], dim=1),
             past_key_values=state if use_cache is not False else None,
-            hidden_states=_concat_hidden_states(steps) if output_hidden_states else None,
+            hidden_states=_concat_layers([s.all_hidden for s in steps], dim=1) if output_hidden_states else None,
+            attentions=_concat_layers([s.attentions for s in steps], dim=2) if output_attentions else None,
         )
         return output if return_dict is not False else output.to_tuple()
 
+    def _output_flags(self, output_hidden_states: bool | None, output_attentions: bool | None) -> tuple[bool, bool]:
+        """The call's values, else the config's."""
+        return (
+            bool(output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states),
+            bool(output_attentions if output_attentions is not None else self.config.output_attentions),
+        )
 
-def _concat_hidden_states(steps: list[_StepOutput]) -> tuple[torch.Tensor, ...]:
-    return tuple(torch.cat(layer, dim=1) for layer in zip(*(s.all_hidden for s in steps), strict=True))
+
+def _concat_layers(per_step: list[tuple[torch.Tensor, ...]], dim: int) -> tuple[torch.Tensor, ...]:
+    """Per-layer tensors of consecutive steps joined along their sequence dimension `dim`."""
+    return tuple(torch.cat(layer, dim=dim) for layer in zip(*per_step, strict=True))
 
 
 class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
@@ -826,13 +949,14 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
         return_logits: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
     ) -> RecurrentGPT2CausalLMOutput:
         r"""
         Args:
-            input_ids, attention_mask, past_key_values, inputs_embeds, use_cache, output_hidden_states:
+            input_ids, attention_mask, past_key_values, inputs_embeds, use_cache, output_hidden_states, output_attentions:
                 As in [`RecurrentGPT2Model.forward`].
             labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
                 Targets, usually `input_ids`; shifted inside the model like GPT-2's (`-100` is ignored). The loss is
@@ -848,8 +972,8 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
         inputs_embeds, real, state = self.transformer._prepare(
             input_ids, attention_mask, past_key_values, inputs_embeds, kwargs
         )
-        output_hidden_states = bool(
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        output_hidden_states, output_attentions = self.transformer._output_flags(
+            output_hidden_states, output_attentions
         )
         shift_labels = self._targets(labels, kwargs.get("shift_labels"), real)
         keep_logits = shift_labels is None if return_logits is None else return_logits
@@ -864,11 +988,13 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
 
         if shift_labels is not None and not keep_logits:
             steps = self.transformer._forward_windows(
-                inputs_embeds, real, state, shift_labels, window_loss, output_hidden_states
+                inputs_embeds, real, state, shift_labels, window_loss, output_hidden_states, output_attentions
             )
             logits, loss = None, torch.stack([s.head for s in steps]).sum()
         else:
-            steps = self.transformer._forward_windows(inputs_embeds, real, state, None, None, output_hidden_states)
+            steps = self.transformer._forward_windows(
+                inputs_embeds, real, state, None, None, output_hidden_states, output_attentions
+            )
             # One head call over all positions: cheaper than concatenating per-window logits.
             logits = self.lm_head(torch.cat([s.hidden for s in steps], dim=1)) if keep_logits else None
             loss = self._loss(logits, shift_labels, num_items) if shift_labels is not None else None
@@ -876,7 +1002,8 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
             loss=loss,
             logits=logits,
             past_key_values=state if use_cache is not False else None,
-            hidden_states=_concat_hidden_states(steps) if output_hidden_states else None,
+            hidden_states=_concat_layers([s.all_hidden for s in steps], dim=1) if output_hidden_states else None,
+            attentions=_concat_layers([s.attentions for s in steps], dim=2) if output_attentions else None,
         )
         return output if return_dict is not False else output.to_tuple()
 

@@ -40,6 +40,19 @@ def relative_shift(scores: torch.Tensor) -> torch.Tensor:
     return padded[..., 1:, :].reshape(*lead, q, klen)
 
 
+def distance_attentions(probs: torch.Tensor, slots: int, width: int) -> torch.Tensor:
+    """Attention weights indexed by distance instead of key column, so that every segment has the same columns.
+
+    probs: (rows, head, q, slots + q) over memory slots then segment keys. Returns (rows, head, q, width) whose
+    column d is the weight on the key d positions before the query (0: itself); distances with no key are zero.
+    """
+    q = probs.shape[-2]
+    distance = torch.arange(width, device=probs.device)
+    key = slots + torch.arange(q, device=probs.device)[:, None] - distance[None, :]  # (q, width)
+    gathered = probs.gather(-1, key.clamp(min=0).expand(*probs.shape[:2], q, width))
+    return gathered * (key >= 0).to(probs.dtype)
+
+
 class TransformerXLRelAttention(nn.Module):
     """Multi-head attention with relative position scores: (a)+(c) content terms via u, (b)+(d) position terms via v."""
 
@@ -81,10 +94,11 @@ class TransformerXLRelAttention(nn.Module):
         allowed: torch.Tensor,
         r_w_bias: torch.Tensor,
         r_r_bias: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """hidden_states: (batch, q, d_model); memory keys/values: (batch, head, slots, d_head); position_keys:
         (head, slots + q, d_head) for distances `slots + q - 1` down to 0; allowed: (batch, 1, q, slots + q) bool.
-        Returns the layer output and the new positions' keys and values."""
+        Returns the layer output, the new positions' keys and values, and the attention weights (batch, head, q,
+        slots + q)."""
         x = self.layer_norm(hidden_states) if self.pre_lnorm else hidden_states
         query, key, value = (self._heads(t) for t in self.qkv_net(x).chunk(3, dim=-1))
         keys = torch.cat([memory_key_value[0], key], dim=2)  # (batch, head, klen, d_head)
@@ -96,7 +110,7 @@ class TransformerXLRelAttention(nn.Module):
         probs = self.dropatt(torch.softmax(scores, dim=-1))
         attended = (probs @ values).transpose(1, 2).reshape(*hidden_states.shape[:2], -1)  # (batch, q, head * d_head)
         output = hidden_states + self.drop(self.o_net(attended))
-        return (output if self.pre_lnorm else self.layer_norm(output)), key, value
+        return (output if self.pre_lnorm else self.layer_norm(output)), key, value, probs
 
 
 class TransformerXLFeedForward(nn.Module):
@@ -120,9 +134,11 @@ class TransformerXLLayer(nn.Module):
         self.attn = TransformerXLRelAttention(config)
         self.ff = TransformerXLFeedForward(config)
 
-    def forward(self, hidden_states: torch.Tensor, *attention_args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        hidden_states, key, value = self.attn(hidden_states, *attention_args)
-        return self.ff(hidden_states), key, value
+    def forward(
+        self, hidden_states: torch.Tensor, *attention_args
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        hidden_states, key, value, probs = self.attn(hidden_states, *attention_args)
+        return self.ff(hidden_states), key, value, probs
 
 
 @dataclass
@@ -153,6 +169,23 @@ class _Memory:
 def _slot_dim(tensor: torch.Tensor) -> int:
     """Slots are dim 2 of (batch, head, slots, d_head) keys/values, dim 1 of memories and validity masks."""
     return 2 if tensor.dim() == 4 else 1
+
+
+def _place(full: torch.Tensor, rows: torch.Tensor | None, cols: torch.Tensor | None, values: torch.Tensor):
+    """`values` (rows, count, ...) written at the given rows and columns of `full` (batch, length, ...); all of it
+    when `rows` is None."""
+    if rows is None:
+        return values
+    full[rows[:, None], cols] = values
+    return full
+
+
+@dataclass
+class _SegmentsOutput:
+    hidden: torch.Tensor | None  # (batch, length, d_model), zeros at padding; None when a segment head was given
+    heads: list[torch.Tensor]  # what the segment head returned for every segment
+    hidden_states: tuple[torch.Tensor, ...] | None  # n_layer + 1 x (batch, length, d_model)
+    attentions: tuple[torch.Tensor, ...] | None  # n_layer x (batch, head, length, mem_len + segment_length)
 
 
 def _last_slots(tensor: torch.Tensor, keep: int, dim: int) -> torch.Tensor:
@@ -311,10 +344,19 @@ class TransformerXLModelOutput(ModelOutput):
             Output of the last layer at every input position (zeros at padding positions).
         past_key_values ([`TransformerXLState`], *optional*):
             Memories to continue from, returned unless `use_cache=False`.
+        hidden_states (`tuple(torch.FloatTensor)`, *optional*):
+            The input of every layer and the last layer's output, `(batch_size, sequence_length, d_model)` each
+            (zeros at padding positions).
+        attentions (`tuple(torch.FloatTensor)`, *optional*):
+            Every layer's attention weights, `(batch_size, n_head, sequence_length, mem_len + segment_length)`
+            each, indexed by distance: column `d` is the weight on the token `d` positions before the query (0: the
+            query itself), whether it sits in the memory or in the segment. Rows of padding positions are zero.
     """
 
     last_hidden_state: torch.FloatTensor | None = None
     past_key_values: TransformerXLState | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
 @dataclass
@@ -327,11 +369,20 @@ class TransformerXLCausalLMOutput(ModelOutput):
             Next-token scores. Omitted when `labels` is given, unless `return_logits=True`.
         past_key_values ([`TransformerXLState`], *optional*):
             Memories to continue from, returned unless `use_cache=False`.
+        hidden_states (`tuple(torch.FloatTensor)`, *optional*):
+            The input of every layer and the last layer's output, `(batch_size, sequence_length, d_model)` each
+            (zeros at padding positions).
+        attentions (`tuple(torch.FloatTensor)`, *optional*):
+            Every layer's attention weights, `(batch_size, n_head, sequence_length, mem_len + segment_length)`
+            each, indexed by distance: column `d` is the weight on the token `d` positions before the query (0: the
+            query itself), whether it sits in the memory or in the segment. Rows of padding positions are zero.
     """
 
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
     past_key_values: TransformerXLState | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
 class TransformerXLPreTrainedModel(PreTrainedModel):
@@ -415,9 +466,16 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         return (allowed[None] & key_valid[:, None, :])[:, None]
 
     def _segment(
-        self, embeds: torch.Tensor, memory: _Memory, position_keys: list[torch.Tensor]
-    ) -> tuple[torch.Tensor, _Memory]:
-        """One segment: (rows, q, d_model) scaled embeddings -> (rows, q, d_model) outputs and the next memory."""
+        self,
+        embeds: torch.Tensor,
+        memory: _Memory,
+        position_keys: list[torch.Tensor],
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, _Memory, list[torch.Tensor] | None, list[torch.Tensor] | None]:
+        """One segment: (rows, q, d_model) scaled embeddings -> (rows, q, d_model) outputs, the next memory, and
+        when asked every layer's input plus the output, and every layer's (rows, head, q, mem_len + segment_length)
+        attention weights by distance."""
         rows, q = embeds.shape[:2]
         slots, klen, keep = memory.slots(), memory.slots() + q, min(self.config.mem_len, memory.slots() + q)
         allowed = self._allowed(memory.valid, q)
@@ -426,10 +484,17 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         recompute = torch.is_grad_enabled() and slots > 0
         hidden = self.drop(embeds)
         mems, keys, values = [], [], []
+        states = [] if output_hidden_states else None
+        attentions = [] if output_attentions else None
+        width = self.config.mem_len + self.config.segment_length
         for i, layer in enumerate(self.layers):
+            if states is not None:
+                states.append(hidden)
             memory_kv = layer.attn.key_value(memory.mems[i]) if recompute else (memory.keys[i], memory.values[i])
             layer_position_keys = _last_slots(position_keys[i], klen, 1)  # distances klen - 1 .. 0
-            output, key, value = layer(hidden, memory_kv, layer_position_keys, allowed, *self._biases(layer))
+            output, key, value, probs = layer(hidden, memory_kv, layer_position_keys, allowed, *self._biases(layer))
+            if attentions is not None:
+                attentions.append(distance_attentions(probs, slots, width))
             mems.append(_last_slots(torch.cat([memory.mems[i], hidden], dim=1), keep, 1).detach())
             keys.append(_last_slots(torch.cat([memory_kv[0], key], dim=2), keep, 2).detach())
             values.append(_last_slots(torch.cat([memory_kv[1], value], dim=2), keep, 2).detach())
@@ -437,7 +502,10 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         if self.ln_f is not None:
             hidden = self.ln_f(hidden)
         valid = _last_slots(torch.cat([memory.valid, memory.valid.new_ones(rows, q)], dim=1), keep, 1)
-        return self.drop(hidden), _Memory(mems, keys, values, valid)
+        hidden = self.drop(hidden)
+        if states is not None:
+            states.append(hidden)
+        return hidden, _Memory(mems, keys, values, valid), states, attentions
 
     def _forward_segments(
         self,
@@ -446,13 +514,14 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         state: TransformerXLState,
         shift_labels: torch.Tensor | None = None,
         segment_head: Callable | None = None,
-    ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> _SegmentsOutput:
         """Run (batch, length, d_model) embeddings segment by segment, advancing `state` in place.
 
         Each row reads only its real tokens, as if its padding were not there: rows with the same number of real
         tokens are gathered and run together, so segment boundaries and relative distances are those of the row
-        alone. Returns the (batch, length, d_model) outputs (zeros at padding; None when `segment_head` is given)
-        and what `segment_head(hidden, labels)` returned for every segment.
+        alone. Every per-position result is zero at padding.
         """
         batch, length = real.shape
         mem_len, segment_length = self.config.mem_len, self.config.segment_length
@@ -460,7 +529,15 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
             # mem_len may have been lowered since the state was made (evaluating with another memory length).
             state.memory = state.memory.keep_last(mem_len)
         position_keys = self._position_keys(state, mem_len + min(segment_length, length), embeds.device)
-        outputs = None if segment_head is not None else embeds.new_zeros(batch, length, self.config.d_model)
+        d_model, n_head = self.config.d_model, self.config.n_head
+        outputs = None if segment_head is not None else embeds.new_zeros(batch, length, d_model)
+        n_states = self.config.n_layer + 1 if output_hidden_states else 0
+        all_states = [embeds.new_zeros(batch, length, d_model) for _ in range(n_states)]
+        # (batch, length, head, width) while placing rows; transposed at the end.
+        n_attentions = self.config.n_layer if output_attentions else 0
+        all_attentions = [
+            embeds.new_zeros(batch, length, n_head, mem_len + segment_length) for _ in range(n_attentions)
+        ]
         heads = []
         embeds = embeds * math.sqrt(self.config.d_model)
         if bool(real.all()):
@@ -476,23 +553,38 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
             group_embeds = embeds if rows is None else embeds[rows[:, None], cols]
             group_labels = shift_labels if rows is None or shift_labels is None else shift_labels[rows[:, None], cols]
             memory = state.memory if rows is None else state.memory.select(rows)
-            hidden = []
+            hidden, states, attentions = [], [], []
             for start in range(0, group_embeds.shape[1], segment_length):
                 stop = start + segment_length
-                segment_hidden, memory = self._segment(group_embeds[:, start:stop], memory, position_keys)
+                segment_hidden, memory, segment_states, segment_attentions = self._segment(
+                    group_embeds[:, start:stop], memory, position_keys, output_hidden_states, output_attentions
+                )
                 if segment_head is not None:
                     heads.append(segment_head(segment_hidden, group_labels[:, start:stop].contiguous()))
                 else:
                     hidden.append(segment_hidden)
+                states.append(segment_states)
+                attentions.append(segment_attentions)
             state.update_rows(rows, memory)
             if outputs is not None:
-                hidden = torch.cat(hidden, dim=1)
-                if rows is None:
-                    outputs = hidden
-                else:
-                    outputs[rows[:, None], cols] = hidden
+                outputs = _place(outputs, rows, cols, torch.cat(hidden, dim=1))
+            if output_hidden_states:
+                all_states = [
+                    _place(full, rows, cols, torch.cat(layer, dim=1))
+                    for full, layer in zip(all_states, zip(*states, strict=True), strict=True)
+                ]
+            if output_attentions:
+                all_attentions = [
+                    _place(full, rows, cols, torch.cat(layer, dim=2).transpose(1, 2))
+                    for full, layer in zip(all_attentions, zip(*attentions, strict=True), strict=True)
+                ]
         state.seen_tokens += length
-        return outputs, heads
+        return _SegmentsOutput(
+            outputs,
+            heads,
+            tuple(all_states) if output_hidden_states else None,
+            tuple(a.transpose(1, 2) for a in all_attentions) if output_attentions else None,
+        )
 
     def _prepare(
         self,
@@ -508,9 +600,6 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         for name in ("position_ids", "token_type_ids"):
             if kwargs.get(name) is not None:
                 raise ValueError(f"{name} cannot be passed to Transformer-XL (positions are relative)")
-        for name in ("output_attentions", "output_hidden_states"):
-            if kwargs.get(name):
-                raise ValueError(f"{name}=True is not supported by Transformer-XL")
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
@@ -551,6 +640,8 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         past_key_values: TransformerXLState | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
     ) -> TransformerXLModelOutput:
@@ -570,13 +661,32 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
             use_cache (`bool`, *optional*, defaults to `True`):
                 Whether to return the state. `config.use_cache` is not consulted: `Trainer` switches it off, and a
                 recurrent model's state is part of its result.
+            output_hidden_states (`bool`, *optional*):
+                Whether to return every layer's input and the last layer's output.
+            output_attentions (`bool`, *optional*):
+                Whether to return every layer's attention weights, indexed by distance (see
+                [`TransformerXLModelOutput`]).
         """
         inputs_embeds, real, state = self._prepare(input_ids, attention_mask, past_key_values, inputs_embeds, kwargs)
-        hidden, _ = self._forward_segments(inputs_embeds, real, state)
+        output_hidden_states, output_attentions = self._output_flags(output_hidden_states, output_attentions)
+        segments = self._forward_segments(
+            inputs_embeds, real, state, output_hidden_states=output_hidden_states, output_attentions=output_attentions
+        )
         output = TransformerXLModelOutput(
-            last_hidden_state=hidden, past_key_values=state if use_cache is not False else None
+            last_hidden_state=segments.hidden,
+            past_key_values=state if use_cache is not False else None,
+            hidden_states=segments.hidden_states,
+            attentions=segments.attentions,
         )
         return output if return_dict is not False else output.to_tuple()
+
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2Model._output_flags
+    def _output_flags(self, output_hidden_states: bool | None, output_attentions: bool | None) -> tuple[bool, bool]:
+        """The call's values, else the config's."""
+        return (
+            bool(output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states),
+            bool(output_attentions if output_attentions is not None else self.config.output_attentions),
+        )
 
 
 class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
@@ -670,13 +780,15 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
         inputs_embeds: torch.FloatTensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
         return_logits: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
     ) -> TransformerXLCausalLMOutput:
         r"""
         Args:
-            input_ids, attention_mask, past_key_values, inputs_embeds, use_cache:
+            input_ids, attention_mask, past_key_values, inputs_embeds, use_cache, output_hidden_states, output_attentions:
                 As in [`TransformerXLModel.forward`].
             labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
                 Targets, usually `input_ids`; shifted inside the model (`-100` and padding positions are ignored).
@@ -693,6 +805,9 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
         inputs_embeds, real, state = self.transformer._prepare(
             input_ids, attention_mask, past_key_values, inputs_embeds, kwargs
         )
+        output_hidden_states, output_attentions = self.transformer._output_flags(
+            output_hidden_states, output_attentions
+        )
         shift_labels = self._targets(labels, kwargs.get("shift_labels"), real)
         keep_logits = shift_labels is None if return_logits is None else return_logits
         num_items = None
@@ -704,15 +819,22 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
         def segment_loss(hidden: torch.Tensor, segment_labels: torch.Tensor) -> torch.Tensor:
             return self._loss(self.lm_head(hidden), segment_labels, num_items)  # (rows, q, vocab) logits, then freed
 
+        outputs = (output_hidden_states, output_attentions)
         if shift_labels is not None and not keep_logits:
-            _, losses = self.transformer._forward_segments(inputs_embeds, real, state, shift_labels, segment_loss)
-            logits, loss = None, torch.stack(losses).sum()
+            segments = self.transformer._forward_segments(
+                inputs_embeds, real, state, shift_labels, segment_loss, *outputs
+            )
+            logits, loss = None, torch.stack(segments.heads).sum()
         else:
-            hidden, _ = self.transformer._forward_segments(inputs_embeds, real, state)
-            logits = self.lm_head(hidden) if keep_logits else None
+            segments = self.transformer._forward_segments(inputs_embeds, real, state, None, None, *outputs)
+            logits = self.lm_head(segments.hidden) if keep_logits else None
             loss = self._loss(logits, shift_labels, num_items) if shift_labels is not None else None
         output = TransformerXLCausalLMOutput(
-            loss=loss, logits=logits, past_key_values=state if use_cache is not False else None
+            loss=loss,
+            logits=logits,
+            past_key_values=state if use_cache is not False else None,
+            hidden_states=segments.hidden_states,
+            attentions=segments.attentions,
         )
         return output if return_dict is not False else output.to_tuple()
 
