@@ -1,5 +1,5 @@
 """Corpora read from the machine, long books fetched by package managers, offline tokenizers, training blocks, and
-the inductive-generalization tasks."""
+the synthetic tasks (inductive generalization, key recall)."""
 
 from .blocks import TokenBlocks, WindowedBlocksCollator, token_stream
 from .books import (
@@ -25,6 +25,7 @@ from .corpora import (
     stdlib_split,
     stdlib_split_of,
 )
+from .key_recall import RecallVocab, make_recall_batch, swap_earlier_windows
 from .number_sequences import (
     NSP_TASKS,
     NumberSequenceDataset,
@@ -59,6 +60,7 @@ __all__ = [
     "STDLIB_SPLITS",
     "Book",
     "NumberSequenceDataset",
+    "RecallVocab",
     "TokenBlocks",
     "WholeWordMaskedSentences",
     "WindowedBlocksCollator",
@@ -76,6 +78,7 @@ __all__ = [
     "kjv_books",
     "little_endian_digits",
     "logits_to_predictions",
+    "make_recall_batch",
     "minilm_tokenizer",
     "number_sequence_tokenizer",
     "pydoc_sentences",
@@ -90,6 +93,7 @@ __all__ = [
     "split_sentences",
     "stdlib_split",
     "stdlib_split_of",
+    "swap_earlier_windows",
     "token_stream",
     "train_byte_level_bpe",
     "write_austen_split_manifest",

@@ -1,32 +1,15 @@
 """Acceptance: the recurrence carries information across windows.
 
-On the key-recall task of `benchmarks/recurrence_recall.py` the key is only in the window before the answer, so only
+On the key-recall task (`hf_recurrence.key_recall`) the key is only in the window before the answer, so only
 `h_prev` can carry it. A short CPU run of a tiny recurrent GPT-2 must solve it, while the same GPT-2 with the
 recurrence output masked out (a stock `GPT2LMHeadModel` with the same initial weights, reading each window on its
 own) stays at chance, and the trained recurrent model falls to chance when its earlier window comes from another row.
 """
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-
-BENCHMARK = Path(__file__).resolve().parents[3] / "benchmarks" / "recurrence_recall.py"
-
-
-def load_benchmark():
-    """Import benchmarks/recurrence_recall.py by path (benchmarks/ is not a package)."""
-    name = "_hf_recurrence_benchmark_recurrence_recall"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is created
-    spec.loader.exec_module(module)
-    return module
+from hf_recurrence.key_recall import run_recall_experiment
 
 
 @pytest.fixture
@@ -39,9 +22,8 @@ def one_thread():
 
 
 def test_recurrence_carries_the_key_to_the_next_window(one_thread):
-    benchmark = load_benchmark()
     num_keys = 8
-    result = benchmark.run_recall_experiment(
+    result = run_recall_experiment(
         steps=150,
         seed=0,
         batch_size=64,
