@@ -84,7 +84,8 @@ class TestForward:
         assert len(out.hidden_states) == 4 and all(h.shape == (3, 21, 32) for h in out.hidden_states)
         assert RecurrentLlamaModel(model.config).eval()(ids).last_hidden_state.shape == (3, 21, 32)
         # One h_prev slot per key-value head (GQA), not per query head.
-        assert out.past_key_values.memory_key.shape == (3, 2, 1, 8)
+        h_prev_key, _ = model.model.layers[1].memory_key_value(out.past_key_values.memory, None)
+        assert h_prev_key.shape == (3, 2, 1, 8)
 
     def test_loss_is_the_ordinary_causal_lm_loss(self):
         model = make_model(window_overlap=3)

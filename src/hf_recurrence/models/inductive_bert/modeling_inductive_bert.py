@@ -198,7 +198,9 @@ class IBertPreTrainedModel(PreTrainedModel):
     config_class = InductiveBertConfig
     base_model_prefix = "bert"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["IBertEmbeddings", "BertLayer"]
+    # Not the embeddings (BERT lists them): the masked-LM head is tied to their word embeddings, and FSDP2 refuses a
+    # weight that two of its units hold (the embeddings' unit and the head's, or the root's).
+    _no_split_modules = ["BertLayer"]
     _supports_sdpa = True
     _supports_attention_backend = True
     _can_record_outputs = {"hidden_states": [BertLayer, IBertLSTMLayer], "attentions": BertSelfAttention}
@@ -209,7 +211,7 @@ class IBertPreTrainedModel(PreTrainedModel):
         self._keys_to_ignore_on_load_unexpected = unused_bert_weight_patterns(config)
         # Only the layer class this configuration builds: accelerate's TRANSFORMER_BASED_WRAP (FSDP) refuses a listed
         # class that no module has. post_init() gathers it from the submodels as for any model.
-        self._no_split_modules = ["IBertEmbeddings", "IBertLSTMLayer" if config.lstm_feed_forward else "BertLayer"]
+        self._no_split_modules = ["IBertLSTMLayer" if config.lstm_feed_forward else "BertLayer"]
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

@@ -178,9 +178,11 @@ class RecurrentGPT2Block(nn.Module):
         past_key: torch.Tensor | None,
         past_value: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
-        memory: tuple[torch.Tensor, torch.Tensor] | None = None,
+        h_prev: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        # h_prev's key/value are computed here, inside the block's forward, where FSDP2 has gathered its weights.
+        memory = self.memory_key_value(h_prev) if h_prev is not None else None
         attn_output, key, value, attn_weights = self.attn(
             self.ln_1(hidden_states), past_key, past_value, attention_mask, memory, output_attentions
         )
@@ -235,8 +237,7 @@ class RecurrentGPT2State:
       (slots that are padding are marked in `slot_valid`, `(batch, slots)`),
     - `fill`: `(batch,)` real tokens in the current window, and `window_index`: `(batch,)` windows completed,
     - `pooled_sum`: `(batch, hidden)` float32 running sum of the layer-weighted hidden states of the current window,
-    - `memory`: `(batch, hidden)` the current window's `h_prev` with its key/value at the insertion block,
-      `memory_key`/`memory_value`: `(batch, n_head, 1, head_dim)` (unused while `window_index == 0`),
+    - `memory`: `(batch, hidden)` the current window's `h_prev` (unused while `window_index == 0`),
     - `overlap_embeds`: `(batch, window_overlap, hidden)` token embeddings of the last `window_overlap` real tokens,
       which the next window starts by re-reading, with `overlap_valid`: `(batch, window_overlap)`.
 
@@ -283,8 +284,6 @@ class RecurrentGPT2State:
         self.window_index = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.pooled_sum = torch.zeros(batch_size, config.hidden_size, device=device, dtype=torch.float32)
         self.memory = torch.zeros(batch_size, config.hidden_size, device=device, dtype=dtype)
-        self.memory_key = torch.zeros(batch_size, heads, 1, head_dim, device=device, dtype=dtype)
-        self.memory_value = torch.zeros_like(self.memory_key)
         self.overlap_embeds = torch.zeros(batch_size, window_overlap, config.hidden_size, device=device, dtype=dtype)
         self.overlap_valid = torch.zeros(batch_size, window_overlap, dtype=torch.bool, device=device)
         self.seen_tokens = 0
@@ -298,8 +297,6 @@ class RecurrentGPT2State:
         "window_index",
         "pooled_sum",
         "memory",
-        "memory_key",
-        "memory_value",
         "overlap_embeds",
         "overlap_valid",
     )
@@ -342,7 +339,7 @@ class RecurrentGPT2State:
         """Forget everything: the next token starts a fresh first window. Returns `self`."""
         self.slot_valid = torch.zeros_like(self.slot_valid)
         self.compact()
-        for name in ("fill", "window_index", "pooled_sum", "memory", "memory_key", "memory_value"):
+        for name in ("fill", "window_index", "pooled_sum", "memory"):
             setattr(self, name, torch.zeros_like(getattr(self, name)))
         self.overlap_embeds = torch.zeros_like(self.overlap_embeds)
         self.overlap_valid = torch.zeros_like(self.overlap_valid)
@@ -597,8 +594,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         fill: torch.Tensor,
         slot_valid: torch.Tensor,
         has_memory: torch.Tensor,
-        memory_key: torch.Tensor,
-        memory_value: torch.Tensor,
+        memory: torch.Tensor,
         labels: torch.Tensor | None,
         *past: torch.Tensor,
     ) -> _StepOutput:
@@ -631,7 +627,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
                 past_key,
                 past_value,
                 inserted_mask if inserting else plain_mask,
-                (memory_key, memory_value) if inserting else None,
+                memory if inserting else None,
                 output_attentions,
             )
             if attentions is not None:
@@ -667,11 +663,8 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
             cut = (state.window_index % (k + 1) == 0)[:, None]
             summary = torch.where(cut, summary.detach(), summary)
         h_prev = self.recurrence(summary.to(state.memory.dtype))
-        memory_key, memory_value = self.h[self.config.insertion_layer].memory_key_value(h_prev)
         rows = starting[:, None]
         state.memory = torch.where(rows, h_prev, state.memory)
-        state.memory_key = torch.where(rows[:, :, None, None], memory_key, state.memory_key)
-        state.memory_value = torch.where(rows[:, :, None, None], memory_value, state.memory_value)
         state.pooled_sum = torch.where(rows, torch.zeros_like(state.pooled_sum), state.pooled_sum)
         state.window_index = state.window_index + starting.long()
         state.fill = torch.where(starting, torch.zeros_like(state.fill), state.fill)
@@ -723,8 +716,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
                 state.fill,
                 state.slot_valid,
                 state.has_memory,
-                state.memory_key,
-                state.memory_value,
+                state.memory,
                 shift_labels[:, start:stop].contiguous() if shift_labels is not None else None,
                 *state.keys,
                 *state.values,

@@ -158,9 +158,12 @@ class RecurrentLlamaDecoderLayer(nn.Module):
         past_key: torch.Tensor | None,
         past_value: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
-        memory: tuple[torch.Tensor, torch.Tensor] | None = None,
+        h_prev: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None] | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """`h_prev`: (batch, hidden) and its rotation (None: unrotated); its key/value are computed here, inside the
+        layer's forward, where FSDP2 has gathered the layer's weights."""
+        memory = self.memory_key_value(*h_prev) if h_prev is not None else None
         attn_output, key, value, attn_weights = self.self_attn(
             self.input_layernorm(hidden_states),
             position_embeddings,
@@ -222,8 +225,7 @@ class RecurrentLlamaState:
       current window, keys already rotated (slots that are padding are marked in `slot_valid`, `(batch, slots)`),
     - `fill`: `(batch,)` real tokens in the current window, and `window_index`: `(batch,)` windows completed,
     - `pooled_sum`: `(batch, hidden)` float32 running sum of the layer-weighted hidden states of the current window,
-    - `memory`: `(batch, hidden)` the current window's `h_prev` with its key/value at the insertion layer,
-      `memory_key`/`memory_value`: `(batch, num_key_value_heads, 1, head_dim)` (unused while `window_index == 0`),
+    - `memory`: `(batch, hidden)` the current window's `h_prev` (unused while `window_index == 0`),
     - `overlap_embeds`: `(batch, window_overlap, hidden)` token embeddings of the last `window_overlap` real tokens,
       which the next window starts by re-reading, with `overlap_valid`: `(batch, window_overlap)`.
 
@@ -271,8 +273,6 @@ class RecurrentLlamaState:
         self.window_index = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.pooled_sum = torch.zeros(batch_size, config.hidden_size, device=device, dtype=torch.float32)
         self.memory = torch.zeros(batch_size, config.hidden_size, device=device, dtype=dtype)
-        self.memory_key = torch.zeros(batch_size, heads, 1, head_dim, device=device, dtype=dtype)
-        self.memory_value = torch.zeros_like(self.memory_key)
         self.overlap_embeds = torch.zeros(batch_size, window_overlap, config.hidden_size, device=device, dtype=dtype)
         self.overlap_valid = torch.zeros(batch_size, window_overlap, dtype=torch.bool, device=device)
         self.seen_tokens = 0
@@ -286,8 +286,6 @@ class RecurrentLlamaState:
         "window_index",
         "pooled_sum",
         "memory",
-        "memory_key",
-        "memory_value",
         "overlap_embeds",
         "overlap_valid",
     )
@@ -338,7 +336,7 @@ class RecurrentLlamaState:
         """Forget everything: the next token starts a fresh first window. Returns `self`."""
         self.slot_valid = torch.zeros_like(self.slot_valid)
         self.compact()
-        for name in ("fill", "window_index", "pooled_sum", "memory", "memory_key", "memory_value"):
+        for name in ("fill", "window_index", "pooled_sum", "memory"):
             setattr(self, name, torch.zeros_like(getattr(self, name)))
         self.overlap_embeds = torch.zeros_like(self.overlap_embeds)
         self.overlap_valid = torch.zeros_like(self.overlap_valid)
@@ -593,8 +591,7 @@ class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
         fill: torch.Tensor,
         slot_valid: torch.Tensor,
         has_memory: torch.Tensor,
-        memory_key: torch.Tensor,
-        memory_value: torch.Tensor,
+        memory: torch.Tensor,
         labels: torch.Tensor | None,
         *past: torch.Tensor,
     ) -> _StepOutput:
@@ -629,7 +626,7 @@ class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
                 past_key,
                 past_value,
                 inserted_mask if inserting else plain_mask,
-                (memory_key, memory_value) if inserting else None,
+                (memory, self._memory_rotation(memory)) if inserting else None,
                 output_attentions,
             )
             if attentions is not None:
@@ -659,14 +656,13 @@ class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
             tuple(attentions) if attentions is not None else None,
         )
 
-    def _memory_key_value(self, h_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`h_prev` (batch, hidden) as the insertion layer's extra key/value, rotated per `h_prev_rope_position`."""
+    def _memory_rotation(self, h_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rotation of the `h_prev` key (cos, sin), per `h_prev_rope_position`; None leaves it unrotated."""
         rope_position = self.config.h_prev_rope_position
-        position_embeddings = None
-        if rope_position is not None:
-            positions = torch.full((h_prev.shape[0], 1), rope_position, dtype=torch.long, device=h_prev.device)
-            position_embeddings = self.rotary_emb(h_prev, positions)
-        return self.layers[self.config.insertion_layer].memory_key_value(h_prev, position_embeddings)
+        if rope_position is None:
+            return None
+        positions = torch.full((h_prev.shape[0], 1), rope_position, dtype=torch.long, device=h_prev.device)
+        return self.rotary_emb(h_prev, positions)
 
     def _begin_window(self, state: RecurrentLlamaState, starting: torch.Tensor) -> None:
         """Close the current window of the `starting` rows: summarise it into `h_prev` and clear their cache."""
@@ -679,11 +675,8 @@ class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
             cut = (state.window_index % (k + 1) == 0)[:, None]
             summary = torch.where(cut, summary.detach(), summary)
         h_prev = self.recurrence(summary.to(state.memory.dtype))
-        memory_key, memory_value = self._memory_key_value(h_prev)
         rows = starting[:, None]
         state.memory = torch.where(rows, h_prev, state.memory)
-        state.memory_key = torch.where(rows[:, :, None, None], memory_key, state.memory_key)
-        state.memory_value = torch.where(rows[:, :, None, None], memory_value, state.memory_value)
         state.pooled_sum = torch.where(rows, torch.zeros_like(state.pooled_sum), state.pooled_sum)
         state.window_index = state.window_index + starting.long()
         state.fill = torch.where(starting, torch.zeros_like(state.fill), state.fill)
@@ -736,8 +729,7 @@ class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
                 state.fill,
                 state.slot_valid,
                 state.has_memory,
-                state.memory_key,
-                state.memory_value,
+                state.memory,
                 shift_labels[:, start:stop].contiguous() if shift_labels is not None else None,
                 *state.keys,
                 *state.values,

@@ -92,13 +92,16 @@ class TransformerXLRelAttention(nn.Module):
         memory_key_value: tuple[torch.Tensor, torch.Tensor],
         position_keys: torch.Tensor,
         allowed: torch.Tensor,
-        r_w_bias: torch.Tensor,
-        r_r_bias: torch.Tensor,
+        r_w_bias: torch.Tensor | None,
+        r_r_bias: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """hidden_states: (batch, q, d_model); memory keys/values: (batch, head, slots, d_head); position_keys:
-        (head, slots + q, d_head) for distances `slots + q - 1` down to 0; allowed: (batch, 1, q, slots + q) bool.
+        (head, slots + q, d_head) for distances `slots + q - 1` down to 0; allowed: (batch, 1, q, slots + q) bool; u and
+        v (head, d_head) when shared by all layers, None to use this layer's own.
         Returns the layer output, the new positions' keys and values, and the attention weights (batch, head, q,
         slots + q)."""
+        if r_w_bias is None:
+            r_w_bias, r_r_bias = self.r_w_bias, self.r_r_bias
         x = self.layer_norm(hidden_states) if self.pre_lnorm else hidden_states
         query, key, value = (self._heads(t) for t in self.qkv_net(x).chunk(3, dim=-1))
         keys = torch.cat([memory_key_value[0], key], dim=2)  # (batch, head, klen, d_head)
@@ -135,10 +138,33 @@ class TransformerXLLayer(nn.Module):
         self.ff = TransformerXLFeedForward(config)
 
     def forward(
-        self, hidden_states: torch.Tensor, *attention_args
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        hidden_states, key, value, probs = self.attn(hidden_states, *attention_args)
-        return self.ff(hidden_states), key, value, probs
+        self,
+        hidden_states: torch.Tensor,
+        memory: torch.Tensor,
+        memory_key_value: tuple[torch.Tensor, torch.Tensor] | None,
+        encodings: torch.Tensor | None,
+        position_keys: torch.Tensor | None,
+        allowed: torch.Tensor,
+        r_w_bias: torch.Tensor | None,
+        r_r_bias: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, ...]:
+        """hidden_states: (rows, q, d_model); memory: (rows, slots, d_model) hidden states with their keys/values
+        when cached (else None: recomputed); encodings: (distances, d_model) for distances `distances - 1` down to 0,
+        or the layer's position keys computed from them earlier, (head, distances, d_head). What is not given is
+        computed here, inside the layer's forward, where FSDP2 has gathered the layer's weights.
+
+        Returns the output, the segment's keys and values, the attention weights (rows, head, q, slots + q), the
+        memory's keys and values, and the position keys."""
+        if memory_key_value is None:
+            memory_key_value = self.attn.key_value(memory)
+        if position_keys is None:
+            position_keys = self.attn.position_keys(encodings)
+        klen = memory.shape[1] + hidden_states.shape[1]
+        segment_position_keys = _last_slots(position_keys, klen, 1)  # distances klen - 1 .. 0
+        output, key, value, probs = self.attn(
+            hidden_states, memory_key_value, segment_position_keys, allowed, r_w_bias, r_r_bias
+        )
+        return self.ff(output), key, value, probs, memory_key_value, position_keys
 
 
 @dataclass
@@ -429,28 +455,29 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
     def set_input_embeddings(self, new_embeddings: nn.Embedding) -> None:
         self.word_emb = new_embeddings
 
-    def _biases(self, layer: TransformerXLLayer) -> tuple[torch.Tensor, torch.Tensor]:
-        owner = layer.attn if self.config.untie_r else self
-        return owner.r_w_bias, owner.r_r_bias
+    def _shared_biases(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """u and v when every layer shares them; (None, None) when each layer has its own, which it reads in its
+        forward (where FSDP2 has gathered them)."""
+        return (None, None) if self.config.untie_r else (self.r_w_bias, self.r_r_bias)
 
-    def _position_keys(self, state: TransformerXLState, distances: int, device: torch.device) -> list[torch.Tensor]:
-        """Every layer's position keys for distances `distances - 1` down to 0, (head, distances, d_head) each.
+    def _positions(
+        self, state: TransformerXLState, distances: int, device: torch.device
+    ) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
+        """The distance encodings for distances `distances - 1` down to 0, (distances, d_model), and every layer's
+        position keys when the state has them cached (computed without gradients, for as many distances or more).
 
         Descending, so that the keys a segment needs, distances `klen - 1` .. 0, are the last `klen` columns: a view.
+        The layers compute their keys from the encodings in their own forward.
         """
-        reuse = not torch.is_grad_enabled()
         cached = state.position_keys
-        if reuse and cached is not None and cached[0].shape[1] >= distances:
-            return cached
+        if not torch.is_grad_enabled() and cached is not None and cached[0].shape[1] >= distances:
+            return None, list(cached)
         clamp = self.config.clamp_len
         steps = torch.arange(distances - 1, -1, -1, device=device)
         encodings = sinusoidal_position_encoding(
             steps if clamp is None else steps.clamp(max=clamp), self.config.d_model
         )
-        encodings = self.drop(encodings.to(self.word_emb.weight.dtype))
-        keys = [layer.attn.position_keys(encodings) for layer in self.layers]
-        state.position_keys = keys if reuse else None
-        return keys
+        return self.drop(encodings.to(self.word_emb.weight.dtype)), [None] * len(self.layers)
 
     def _allowed(self, valid: torch.Tensor, q: int) -> torch.Tensor:
         """(rows, 1, q, slots + q) bool: causal over memory + segment, valid memory slots only, and with
@@ -469,15 +496,16 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         self,
         embeds: torch.Tensor,
         memory: _Memory,
-        position_keys: list[torch.Tensor],
+        encodings: torch.Tensor | None,
+        position_keys: list[torch.Tensor | None],
         output_hidden_states: bool = False,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, _Memory, list[torch.Tensor] | None, list[torch.Tensor] | None]:
         """One segment: (rows, q, d_model) scaled embeddings -> (rows, q, d_model) outputs, the next memory, and
         when asked every layer's input plus the output, and every layer's (rows, head, q, mem_len + segment_length)
-        attention weights by distance."""
+        attention weights by distance. Layers fill in `position_keys` the first time they compute theirs."""
         rows, q = embeds.shape[:2]
-        slots, klen, keep = memory.slots(), memory.slots() + q, min(self.config.mem_len, memory.slots() + q)
+        slots, keep = memory.slots(), min(self.config.mem_len, memory.slots() + q)
         allowed = self._allowed(memory.valid, q)
         # With gradients on, memory keys/values are recomputed from the (detached) memories so that the projections
         # learn from them, as in the paper; otherwise the cached ones are the same numbers.
@@ -490,9 +518,10 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         for i, layer in enumerate(self.layers):
             if states is not None:
                 states.append(hidden)
-            memory_kv = layer.attn.key_value(memory.mems[i]) if recompute else (memory.keys[i], memory.values[i])
-            layer_position_keys = _last_slots(position_keys[i], klen, 1)  # distances klen - 1 .. 0
-            output, key, value, probs = layer(hidden, memory_kv, layer_position_keys, allowed, *self._biases(layer))
+            cached_kv = None if recompute else (memory.keys[i], memory.values[i])
+            output, key, value, probs, memory_kv, position_keys[i] = layer(
+                hidden, memory.mems[i], cached_kv, encodings, position_keys[i], allowed, *self._shared_biases()
+            )
             if attentions is not None:
                 attentions.append(distance_attentions(probs, slots, width))
             mems.append(_last_slots(torch.cat([memory.mems[i], hidden], dim=1), keep, 1).detach())
@@ -528,7 +557,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         if state.memory.slots() > mem_len:
             # mem_len may have been lowered since the state was made (evaluating with another memory length).
             state.memory = state.memory.keep_last(mem_len)
-        position_keys = self._position_keys(state, mem_len + min(segment_length, length), embeds.device)
+        encodings, position_keys = self._positions(state, mem_len + min(segment_length, length), embeds.device)
         d_model, n_head = self.config.d_model, self.config.n_head
         outputs = None if segment_head is not None else embeds.new_zeros(batch, length, d_model)
         n_states = self.config.n_layer + 1 if output_hidden_states else 0
@@ -557,7 +586,12 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
             for start in range(0, group_embeds.shape[1], segment_length):
                 stop = start + segment_length
                 segment_hidden, memory, segment_states, segment_attentions = self._segment(
-                    group_embeds[:, start:stop], memory, position_keys, output_hidden_states, output_attentions
+                    group_embeds[:, start:stop],
+                    memory,
+                    encodings,
+                    position_keys,
+                    output_hidden_states,
+                    output_attentions,
                 )
                 if segment_head is not None:
                     heads.append(segment_head(segment_hidden, group_labels[:, start:stop].contiguous()))
@@ -579,6 +613,8 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
                     for full, layer in zip(all_attentions, zip(*attentions, strict=True), strict=True)
                 ]
         state.seen_tokens += length
+        # Without gradients the position keys are the same numbers in every call: keep them for the next.
+        state.position_keys = None if torch.is_grad_enabled() else position_keys
         return _SegmentsOutput(
             outputs,
             heads,
