@@ -221,7 +221,7 @@ class TestState:
         tensors = [*state.keys, *state.values] + [getattr(state, n) for n in state._BATCH_TENSORS]
         assert not any(t.requires_grad for t in tensors)
         state.reorder_cache(torch.tensor([2, 2, 0]))
-        assert state.batch_size == 3 and torch.equal(state.memory[0], state.memory[1])
+        assert state.batch_size == 3 and torch.equal(state.h_prev[0], state.h_prev[1])
         state.to(dtype=torch.float64)
         assert state.keys[0].dtype == torch.float64 and state.pooled_sum.dtype == torch.float32
         assert "seen_tokens=20" in repr(state)

@@ -84,7 +84,7 @@ class TestForward:
         assert len(out.hidden_states) == 4 and all(h.shape == (3, 21, 32) for h in out.hidden_states)
         assert RecurrentLlamaModel(model.config).eval()(ids).last_hidden_state.shape == (3, 21, 32)
         # One h_prev slot per key-value head (GQA), not per query head.
-        h_prev_key, _ = model.model.layers[1].memory_key_value(out.past_key_values.memory, None)
+        h_prev_key, _ = model.model.layers[1].h_prev_key_value(out.past_key_values.h_prev, None)
         assert h_prev_key.shape == (3, 2, 1, 8)
 
     def test_loss_is_the_ordinary_causal_lm_loss(self):
@@ -140,7 +140,7 @@ class TestForward:
             layer_outputs = layer_outputs * torch.rsqrt(layer_outputs.pow(2).mean(-1, keepdim=True) + 1e-6)
         weights = torch.softmax(torch.tensor([0.5, -1.0, 2.0]), dim=0)
         summary = (weights[:, None, None] * layer_outputs.mean(2)).sum(0)  # (batch, hidden)
-        torch.testing.assert_close(state.memory, model.model.recurrence(summary))
+        torch.testing.assert_close(state.h_prev, model.model.recurrence(summary))
 
     def test_normalized_pooling_ignores_a_token_with_huge_activations(self):
         # An attention-sink-like first token, 1000x the others: it dominates the plain mean, not the normalized one.
@@ -152,7 +152,7 @@ class TestForward:
         louder[0, 0] *= 1000
         with torch.no_grad():
             memory = {
-                name: [m(inputs_embeds=e, use_cache=True).past_key_values.memory for e in (embeds, louder)]
+                name: [m(inputs_embeds=e, use_cache=True).past_key_values.h_prev for e in (embeds, louder)]
                 for name, m in (("normalized", model), ("plain", plain))
             }
         normalized_change = (memory["normalized"][0] - memory["normalized"][1]).norm()
@@ -308,7 +308,7 @@ class TestStateSchedule:
         state.detach()
         assert not any(t.requires_grad for t in [*state.keys, *[getattr(state, n) for n in state._BATCH_TENSORS]])
         state.reorder_cache(torch.tensor([2, 2, 0]))
-        assert torch.equal(state.memory[0], state.memory[1])
+        assert torch.equal(state.h_prev[0], state.h_prev[1])
         state.reset()
         assert state.get_seq_length() == 0 and state.slot_valid.shape[1] == 0
 

@@ -53,7 +53,7 @@ def _gather_slots(tensor: torch.Tensor, index: torch.Tensor, dim: int) -> torch.
 
 
 def _window_attentions(
-    weights: torch.Tensor, key_valid: torch.Tensor, with_memory: bool, window_size: int, query_real: torch.Tensor
+    weights: torch.Tensor, key_valid: torch.Tensor, with_h_prev: bool, window_size: int, query_real: torch.Tensor
 ) -> torch.Tensor:
     """One step's attention weights laid out by window position, so that every step and every call has the same
     columns: (batch, head, queries, 1 + window_size), column 0 for `h_prev`, column 1 + j for position j of the
@@ -61,17 +61,17 @@ def _window_attentions(
     are zero.
 
     weights: (batch, head, queries, [1 +] keys) as the attention computed them (a leading `h_prev` column when
-    `with_memory`); key_valid: (batch, keys) bool over the cached slots then the step's columns; query_real:
+    `with_h_prev`); key_valid: (batch, keys) bool over the cached slots then the step's columns; query_real:
     (batch, queries) bool.
     """
-    token_weights = weights[..., 1:] if with_memory else weights
+    token_weights = weights[..., 1:] if with_h_prev else weights
     # The valid keys of a row are exactly its current window, in order; the rest go to a column that is dropped.
     index = torch.where(key_valid, key_valid.cumsum(1) - 1, window_size)  # (batch, keys)
     index = index[:, None, None, :].expand_as(token_weights)
     by_position = token_weights.new_zeros(*token_weights.shape[:-1], window_size + 1)
     by_position = by_position.scatter_add(-1, index, token_weights)[..., :window_size]
-    memory_weight = weights[..., :1] if with_memory else weights.new_zeros(*weights.shape[:-1], 1)
-    layout = torch.cat([memory_weight, by_position], dim=-1)
+    h_prev_weight = weights[..., :1] if with_h_prev else weights.new_zeros(*weights.shape[:-1], 1)
+    layout = torch.cat([h_prev_weight, by_position], dim=-1)
     return layout * query_real[:, None, :, None].to(layout.dtype)
 
 
@@ -111,7 +111,7 @@ class RecurrentGPT2Attention(nn.Module):
         past_key: torch.Tensor | None,
         past_value: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
-        memory: tuple[torch.Tensor, torch.Tensor] | None = None,
+        h_prev_key_value: tuple[torch.Tensor, torch.Tensor] | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         query, key, value = (self._heads(t) for t in self.c_attn(hidden_states).split(self.embed_dim, dim=2))
@@ -119,10 +119,10 @@ class RecurrentGPT2Attention(nn.Module):
             key = torch.cat([past_key, key], dim=2)  # (batch, head, slots + seq, head_dim)
             value = torch.cat([past_value, value], dim=2)
         attn_key, attn_value = key, value
-        if memory is not None:
+        if h_prev_key_value is not None:
             # h_prev is one extra key/value only: it never becomes a query, so the outputs stay one per token.
-            attn_key = torch.cat([memory[0], key], dim=2)
-            attn_value = torch.cat([memory[1], value], dim=2)
+            attn_key = torch.cat([h_prev_key_value[0], key], dim=2)
+            attn_value = torch.cat([h_prev_key_value[1], value], dim=2)
 
         # Only eager attention materialises the weights, as in transformers' GPT-2.
         attention_interface: Callable = eager_attention_forward
@@ -168,7 +168,7 @@ class RecurrentGPT2Block(nn.Module):
         self.ln_2 = nn.LayerNorm(hidden_size, eps=config.layer_norm_epsilon)
         self.mlp = RecurrentGPT2MLP(inner_dim, config)
 
-    def memory_key_value(self, h_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def h_prev_key_value(self, h_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`h_prev` (batch, hidden) enters this block like a token: through `ln_1` and the key/value projection."""
         return self.attn.key_value(self.ln_1(h_prev[:, None]))  # 2 x (batch, head, 1, head_dim)
 
@@ -182,9 +182,9 @@ class RecurrentGPT2Block(nn.Module):
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         # h_prev's key/value are computed here, inside the block's forward, where FSDP2 has gathered its weights.
-        memory = self.memory_key_value(h_prev) if h_prev is not None else None
+        h_prev_key_value = self.h_prev_key_value(h_prev) if h_prev is not None else None
         attn_output, key, value, attn_weights = self.attn(
-            self.ln_1(hidden_states), past_key, past_value, attention_mask, memory, output_attentions
+            self.ln_1(hidden_states), past_key, past_value, attention_mask, h_prev_key_value, output_attentions
         )
         hidden_states = hidden_states + attn_output
         hidden_states = hidden_states + self.mlp(self.ln_2(hidden_states))
@@ -237,7 +237,7 @@ class RecurrentGPT2State:
       (slots that are padding are marked in `slot_valid`, `(batch, slots)`),
     - `fill`: `(batch,)` real tokens in the current window, and `window_index`: `(batch,)` windows completed,
     - `pooled_sum`: `(batch, hidden)` float32 running sum of the layer-weighted hidden states of the current window,
-    - `memory`: `(batch, hidden)` the current window's `h_prev` (unused while `window_index == 0`),
+    - `h_prev`: `(batch, hidden)` the summary of the previous window that the current one sees (unused while `window_index == 0`),
     - `overlap_embeds`: `(batch, window_overlap, hidden)` token embeddings of the last `window_overlap` real tokens,
       which the next window starts by re-reading, with `overlap_valid`: `(batch, window_overlap)`.
 
@@ -283,7 +283,7 @@ class RecurrentGPT2State:
         self.fill = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.window_index = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.pooled_sum = torch.zeros(batch_size, config.hidden_size, device=device, dtype=torch.float32)
-        self.memory = torch.zeros(batch_size, config.hidden_size, device=device, dtype=dtype)
+        self.h_prev = torch.zeros(batch_size, config.hidden_size, device=device, dtype=dtype)
         self.overlap_embeds = torch.zeros(batch_size, window_overlap, config.hidden_size, device=device, dtype=dtype)
         self.overlap_valid = torch.zeros(batch_size, window_overlap, dtype=torch.bool, device=device)
         self.seen_tokens = 0
@@ -296,7 +296,7 @@ class RecurrentGPT2State:
         "fill",
         "window_index",
         "pooled_sum",
-        "memory",
+        "h_prev",
         "overlap_embeds",
         "overlap_valid",
     )
@@ -316,7 +316,7 @@ class RecurrentGPT2State:
         return self._window_overlap
 
     @property
-    def has_memory(self) -> torch.Tensor:
+    def has_h_prev(self) -> torch.Tensor:
         """(batch,) bool: whether the current window of each row has an `h_prev` (every window but the first)."""
         return self.window_index > 0
 
@@ -339,7 +339,7 @@ class RecurrentGPT2State:
         """Forget everything: the next token starts a fresh first window. Returns `self`."""
         self.slot_valid = torch.zeros_like(self.slot_valid)
         self.compact()
-        for name in ("fill", "window_index", "pooled_sum", "memory"):
+        for name in ("fill", "window_index", "pooled_sum", "h_prev"):
             setattr(self, name, torch.zeros_like(getattr(self, name)))
         self.overlap_embeds = torch.zeros_like(self.overlap_embeds)
         self.overlap_valid = torch.zeros_like(self.overlap_valid)
@@ -358,6 +358,70 @@ class RecurrentGPT2State:
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Select batch rows (beam search): row `i` becomes old row `beam_idx[i]`."""
         self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def window_summary(self) -> torch.Tensor:
+        """(batch, hidden) float32: each row's layer-weighted hidden states averaged over its current window."""
+        return self.pooled_sum / self.fill.clamp(min=1)[:, None]
+
+    def next_step(self, real: torch.Tensor) -> tuple[torch.Tensor | None, int, int]:
+        """Plan the next step over the input columns still to read, `real` ((batch, remaining) bool, True at real
+        tokens). Returns the rows that begin a new window first ((batch,) bool: a full window and a real token to
+        come; None if no row does), how many tokens those rows re-read (`window_overlap`, or 0 when none begins), and
+        how many columns the step takes: as many as fit in the window of every row that has a real token to come.
+        """
+        pending = real.any(1)
+        starting = (self.fill == self.window_size) & pending
+        if not bool(starting.any()):
+            starting = None
+        reread = self.window_overlap if starting is not None else 0
+        fill = self.fill if starting is None else torch.where(starting, reread, self.fill)  # once the windows begin
+        room = self.window_size - fill
+        width = int(room[pending].min()) if bool(pending.any()) else real.shape[1]
+        return starting, reread, min(real.shape[1], width)
+
+    def start_windows(self, starting: torch.Tensor, h_prev: torch.Tensor) -> None:
+        """Begin a new window in the `starting` rows ((batch,) bool): it sees `h_prev` ((batch, hidden), the summary
+        of the window they close; other rows' values are ignored) and starts with an empty cache."""
+        rows = starting[:, None]
+        self.h_prev = torch.where(rows, h_prev, self.h_prev)
+        self.pooled_sum = torch.where(rows, torch.zeros_like(self.pooled_sum), self.pooled_sum)
+        self.window_index = self.window_index + starting.long()
+        self.fill = torch.where(starting, torch.zeros_like(self.fill), self.fill)
+        self.slot_valid = self.slot_valid & ~rows
+        self.compact()
+
+    def with_overlap(
+        self, embeds: torch.Tensor, real: torch.Tensor, starting: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A step's columns when windows begin: the overlap the `starting` rows re-read (padding in the other rows),
+        then the new columns; (batch, overlap + new, hidden) embeddings and (batch, overlap + new) real mask."""
+        embeds = torch.cat([self.overlap_embeds, embeds], dim=1)
+        real = torch.cat([self.overlap_valid & starting[:, None], real], dim=1)
+        return embeds, real
+
+    def append_step(
+        self,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        step_real: torch.Tensor,
+        pooled: torch.Tensor,
+        new_embeds: torch.Tensor,
+        new_real: torch.Tensor,
+    ) -> None:
+        """Record a step: every block's cache of the current window (`(batch, n_head, slots, head_dim)` each), the
+        step's real-token mask `step_real` (batch, cols) (any re-read overlap, then the new columns), the
+        layer-weighted sum of its hidden states `pooled` (batch, hidden), and the new columns' embeddings
+        (batch, new, hidden) and mask (batch, new), whose last `window_overlap` real tokens the next window re-reads.
+        """
+        self.keys, self.values = keys, values
+        self.slot_valid = torch.cat([self.slot_valid, step_real], dim=1)
+        if self.slot_valid.shape[1] > self.window_size:
+            # Padding columns occupy slots without filling windows; drop them so memory stays one window.
+            self.compact()
+        self.fill = self.fill + step_real.sum(1)
+        self.pooled_sum = self.pooled_sum + pooled
+        self.remember_overlap(new_embeds, new_real)
+        self.seen_tokens += new_real.shape[1]
 
     def compact(self) -> None:
         """Drop cache slots that no row needs, moving each row's valid slots to the right."""
@@ -481,7 +545,7 @@ class _StepSettings:
 
     num_new: int  # the step's new columns (after any re-read overlap)
     window_size: int
-    step_head: Callable | None  # run on the new positions' final hidden states and labels (the window's loss)
+    step_head: Callable | None  # run on the new positions' final hidden states and targets (a window's loss)
     output_hidden_states: bool
     output_attentions: bool
 
@@ -559,7 +623,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         self.wte = new_embeddings
 
     def _attention_masks(
-        self, real: torch.Tensor, slot_valid: torch.Tensor, has_memory: torch.Tensor, dtype: torch.dtype, eager: bool
+        self, real: torch.Tensor, slot_valid: torch.Tensor, has_h_prev: torch.Tensor, dtype: torch.dtype, eager: bool
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Masks for the ordinary blocks and for the insertion block, (batch, 1, new, [1 +] slots + new).
 
@@ -574,12 +638,12 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
             own = torch.eye(new, dtype=torch.bool, device=real.device)
             new_part = (causal & real[:, None, :]) | own  # (batch, new, new)
             plain = torch.cat([slot_valid[:, None, :].expand(batch, new, slots), new_part], dim=-1)[:, None]
-        memory_part = has_memory[:, None, None, None].expand(batch, 1, new, 1)
+        h_prev_part = has_h_prev[:, None, None, None].expand(batch, 1, new, 1)
         if plain is None:
             causal = torch.ones(new, new, dtype=torch.bool, device=real.device).tril()
-            inserted = torch.cat([memory_part, causal.expand(batch, 1, new, new)], dim=-1)
+            inserted = torch.cat([h_prev_part, causal.expand(batch, 1, new, new)], dim=-1)
         else:
-            inserted = torch.cat([memory_part, plain], dim=-1)
+            inserted = torch.cat([h_prev_part, plain], dim=-1)
         if eager:
             plain, inserted = (
                 torch.zeros_like(m, dtype=dtype).masked_fill(~m, torch.finfo(dtype).min) for m in (plain, inserted)
@@ -593,9 +657,9 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         real: torch.Tensor,
         fill: torch.Tensor,
         slot_valid: torch.Tensor,
-        has_memory: torch.Tensor,
-        memory: torch.Tensor,
-        labels: torch.Tensor | None,
+        has_h_prev: torch.Tensor,
+        h_prev: torch.Tensor,
+        targets: torch.Tensor | None,
         *past: torch.Tensor,
     ) -> _StepOutput:
         """Run every block over one stretch of columns that stays inside each row's current window.
@@ -609,8 +673,8 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         hidden = self.drop(embeds + self.wpe(positions))
         output_attentions = settings.output_attentions
         eager = output_attentions or self.config._attn_implementation == "eager"
-        plain_mask, inserted_mask = self._attention_masks(real, slot_valid, has_memory, hidden.dtype, eager)
-        use_memory = bool(has_memory.any())
+        plain_mask, inserted_mask = self._attention_masks(real, slot_valid, has_h_prev, hidden.dtype, eager)
+        use_h_prev = bool(has_h_prev.any())
         layer_weights = self.recurrence.layer_weights()
         real_f = real[..., None].float()
         pooled = torch.zeros(hidden.shape[0], hidden.shape[2], device=hidden.device)
@@ -621,13 +685,13 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         for i, block in enumerate(self.h):
             past_key = past[i] if past[i].shape[2] else None
             past_value = past[n_layer + i] if past_key is not None else None
-            inserting = use_memory and i == self.config.insertion_layer
+            inserting = use_h_prev and i == self.config.insertion_layer
             hidden, key, value, weights = block(
                 hidden,
                 past_key,
                 past_value,
                 inserted_mask if inserting else plain_mask,
-                memory if inserting else None,
+                h_prev if inserting else None,
                 output_attentions,
             )
             if attentions is not None:
@@ -643,7 +707,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
             if all_hidden is not None:
                 all_hidden.append(hidden[:, -num_new:])
         hidden = hidden[:, -num_new:]
-        head = settings.step_head(hidden, labels) if settings.step_head is not None else None
+        head = settings.step_head(hidden, targets) if settings.step_head is not None else None
         return _StepOutput(
             hidden,
             keys,
@@ -654,58 +718,46 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
             tuple(attentions) if attentions is not None else None,
         )
 
-    def _begin_window(self, state: RecurrentGPT2State, starting: torch.Tensor) -> None:
-        """Close the current window of the `starting` rows: summarise it into `h_prev` and clear their cache."""
-        summary = state.pooled_sum / state.fill.clamp(min=1)[:, None]  # (batch, hidden): mean over the window
+    def _next_h_prev(self, state: RecurrentGPT2State) -> torch.Tensor:
+        """(batch, hidden) the `h_prev` of each row's next window: its current window's summary through the FFN."""
+        summary = state.window_summary()
         k = self.config.bptt_windows
         if k is not None and self.training:
             # Windows 1..k+1, k+2..2k+2, ... form the runs gradient may cross; cut at the window before each run.
             cut = (state.window_index % (k + 1) == 0)[:, None]
             summary = torch.where(cut, summary.detach(), summary)
-        h_prev = self.recurrence(summary.to(state.memory.dtype))
-        rows = starting[:, None]
-        state.memory = torch.where(rows, h_prev, state.memory)
-        state.pooled_sum = torch.where(rows, torch.zeros_like(state.pooled_sum), state.pooled_sum)
-        state.window_index = state.window_index + starting.long()
-        state.fill = torch.where(starting, torch.zeros_like(state.fill), state.fill)
-        state.slot_valid = state.slot_valid & ~rows
-        state.compact()
+        return self.recurrence(summary.to(state.h_prev.dtype))
 
     def _forward_windows(
         self,
         inputs_embeds: torch.Tensor,
         real: torch.Tensor,
         state: RecurrentGPT2State,
-        shift_labels: torch.Tensor | None = None,
-        step_head: Callable | None = None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
+        step_targets: torch.Tensor | None,
+        step_head: Callable | None,
+        output_hidden_states: bool,
+        output_attentions: bool,
     ) -> list[_StepOutput]:
-        """Feed (batch, length, hidden) embeddings through the window schedule, advancing `state` in place.
+        """Feed (batch, length, hidden) embeddings through the state's window schedule, advancing it in place.
 
-        Each step covers columns that stay inside every row's current window; a row whose window is full starts a
+        Each step covers columns that stay inside every row's current window; a row whose window is full begins a
         new one (re-reading its overlap) just before its next real token.
         """
-        window, overlap = state.window_size, state.window_overlap
         length = inputs_embeds.shape[1]
         steps = []
         start = 0
         while start < length:
-            pending = real[:, start:].any(1)
-            starting = (state.fill == window) & pending
-            if bool(starting.any()):
-                self._begin_window(state, starting)
-            reread = overlap if overlap and bool(starting.any()) else 0
-            room = window - state.fill - reread * starting.long()
-            stop = start + min(length - start, int(room[pending].min()) if bool(pending.any()) else length)
-            new_real = real[:, start:stop]
-            embeds, step_real = inputs_embeds[:, start:stop], new_real
-            if reread:
-                embeds = torch.cat([state.overlap_embeds, embeds], dim=1)
-                step_real = torch.cat([state.overlap_valid & starting[:, None], new_real], dim=1)
+            starting, reread, width = state.next_step(real[:, start:])
+            if starting is not None:
+                state.start_windows(starting, self._next_h_prev(state))
+            stop = start + width
+            new_embeds, new_real = inputs_embeds[:, start:stop], real[:, start:stop]
+            embeds, step_real = (
+                state.with_overlap(new_embeds, new_real, starting) if reread else (new_embeds, new_real)
+            )
             settings = _StepSettings(
-                num_new=stop - start,
-                window_size=window,
+                num_new=width,
+                window_size=state.window_size,
                 step_head=step_head,
                 output_hidden_states=output_hidden_states,
                 output_attentions=output_attentions,
@@ -715,28 +767,47 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
                 step_real,
                 state.fill,
                 state.slot_valid,
-                state.has_memory,
-                state.memory,
-                shift_labels[:, start:stop].contiguous() if shift_labels is not None else None,
+                state.has_h_prev,
+                state.h_prev,
+                step_targets[:, start:stop].contiguous() if step_targets is not None else None,
                 *state.keys,
                 *state.values,
             )
-            flat = self.window_step(self._step, settings, *args)
-            step = _StepOutput.from_flat(flat, len(state.keys), settings)
-            state.keys, state.values = step.keys, step.values
+            step = _StepOutput.from_flat(self.window_step(self._step, settings, *args), len(state.keys), settings)
+            state.append_step(step.keys, step.values, step_real, step.pooled, new_embeds, new_real)
             # The state owns the cache now; a reference left here would keep every window's cache alive until return.
             step.keys = step.values = []
-            state.slot_valid = torch.cat([state.slot_valid, step_real], dim=1)
-            if state.slot_valid.shape[1] > window:
-                # Padding columns occupy slots without filling windows; drop them so memory stays one window.
-                state.compact()
-            state.fill = state.fill + step_real.sum(1)
-            state.pooled_sum = state.pooled_sum + step.pooled
-            state.remember_overlap(inputs_embeds[:, start:stop], new_real)
-            state.seen_tokens += stop - start
             steps.append(step)
             start = stop
         return steps
+
+    def _run(
+        self,
+        input_ids: torch.LongTensor | None,
+        attention_mask: torch.Tensor | None,
+        past_key_values: RecurrentGPT2State | None,
+        inputs_embeds: torch.Tensor | None,
+        output_hidden_states: bool | None,
+        output_attentions: bool | None,
+        kwargs: dict,
+        step_targets: torch.Tensor | None = None,
+        step_head: Callable | None = None,
+    ) -> "_WindowsRun":
+        """The one entry of `forward` and of the heads: check the inputs, run the window schedule, keep the outputs.
+
+        `step_head(hidden, targets)`, when given, runs inside every step on its final hidden states
+        (batch, new, hidden) and its columns of `step_targets` (batch, length); its results are in
+        `_WindowsRun.head_outputs()`. A head's loss computed this way never holds more than one window's
+        (batch, new, vocab) logits where nothing keeps them for backward: under `torch.no_grad()` (evaluation with
+        labels) and under gradient checkpointing, which recomputes them per window. With plain autograd every
+        window's logits stay alive for backward either way.
+        """
+        inputs_embeds, real, state = self._prepare(input_ids, attention_mask, past_key_values, inputs_embeds, kwargs)
+        output_hidden_states, output_attentions = self._output_flags(output_hidden_states, output_attentions)
+        steps = self._forward_windows(
+            inputs_embeds, real, state, step_targets, step_head, output_hidden_states, output_attentions
+        )
+        return _WindowsRun(state, steps, output_hidden_states, output_attentions)
 
     def _prepare(
         self,
@@ -824,21 +895,10 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
                 Whether to return every block's attention weights, laid out by window position (see
                 [`RecurrentGPT2ModelOutput`]); computed with eager attention.
         """
-        inputs_embeds, real, state = self._prepare(input_ids, attention_mask, past_key_values, inputs_embeds, kwargs)
-        output_hidden_states, output_attentions = self._output_flags(output_hidden_states, output_attentions)
-        steps = self._forward_windows(
-            inputs_embeds,
-            real,
-            state,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
+        run = self._run(
+            input_ids, attention_mask, past_key_values, inputs_embeds, output_hidden_states, output_attentions, kwargs
         )
-        output = RecurrentGPT2ModelOutput(
-            last_hidden_state=torch.cat([s.hidden for s in steps], dim=1),
-            past_key_values=state if use_cache is not False else None,
-            hidden_states=_concat_layers([s.all_hidden for s in steps], dim=1) if output_hidden_states else None,
-            attentions=_concat_layers([s.attentions for s in steps], dim=2) if output_attentions else None,
-        )
+        output = RecurrentGPT2ModelOutput(last_hidden_state=run.last_hidden_state(), **run.outputs(use_cache))
         return output if return_dict is not False else output.to_tuple()
 
     def _output_flags(self, output_hidden_states: bool | None, output_attentions: bool | None) -> tuple[bool, bool]:
@@ -852,6 +912,36 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
 def _concat_layers(per_step: list[tuple[torch.Tensor, ...]], dim: int) -> tuple[torch.Tensor, ...]:
     """Per-layer tensors of consecutive steps joined along their sequence dimension `dim`."""
     return tuple(torch.cat(layer, dim=dim) for layer in zip(*per_step, strict=True))
+
+
+@dataclass
+class _WindowsRun:
+    """One call's window steps and the state they advanced; builds the outputs every forward of the family returns."""
+
+    state: RecurrentGPT2State
+    steps: list[_StepOutput]
+    output_hidden_states: bool
+    output_attentions: bool
+
+    def last_hidden_state(self) -> torch.Tensor:
+        """(batch, length, hidden) final hidden state of every input position."""
+        return torch.cat([s.hidden for s in self.steps], dim=1)
+
+    def head_outputs(self) -> list[torch.Tensor]:
+        """What the step head returned, one per step."""
+        return [s.head for s in self.steps]
+
+    def outputs(self, use_cache: bool | None) -> dict:
+        """The output fields every forward shares: the state (unless `use_cache=False`), hidden states, attentions."""
+        return {
+            "past_key_values": self.state if use_cache is not False else None,
+            "hidden_states": (
+                _concat_layers([s.all_hidden for s in self.steps], dim=1) if self.output_hidden_states else None
+            ),
+            "attentions": _concat_layers([s.attentions for s in self.steps], dim=2)
+            if self.output_attentions
+            else None,
+        }
 
 
 class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
@@ -889,19 +979,24 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
         return self.lm_head
 
     def _targets(
-        self, labels: torch.Tensor | None, shift_labels: torch.Tensor | None, real: torch.Tensor
+        self, labels: torch.Tensor | None, shift_labels: torch.Tensor | None, inputs: torch.Tensor | None
     ) -> torch.Tensor | None:
         """(batch, length) target of every new position, -100 where none: `shift_labels` as given (Trainer passes
-        pre-shifted targets under context parallelism and sequence packing), else `labels` shifted left by one."""
+        pre-shifted targets under context parallelism and sequence packing), else `labels` shifted left by one.
+        `inputs`: the input ids or embeddings, whose (batch, length) the targets must have."""
         targets = shift_labels
         if targets is None:
             if labels is None:
                 return None
             targets = nn.functional.pad(labels[:, 1:], (0, 1), value=-100)
-        if targets.shape != real.shape:
+        if inputs is None:  # the backbone's input checks say what is missing
+            return targets
+        if targets.shape != inputs.shape[:2]:
             given = "shift_labels" if shift_labels is not None else "labels"
-            raise ValueError(f"{given} must have the input's shape {tuple(real.shape)}, got {tuple(targets.shape)}")
-        return targets.to(real.device)
+            raise ValueError(
+                f"{given} must have the input's shape {tuple(inputs.shape[:2])}, got {tuple(targets.shape)}"
+            )
+        return targets.to(inputs.device)
 
     def _loss(self, logits: torch.Tensor, shift_labels: torch.Tensor, num_items: torch.Tensor | int) -> torch.Tensor:
         """Summed cross-entropy of already shifted labels, divided by the item count of the whole input."""
@@ -961,13 +1056,9 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
                 Targets already aligned with the positions that predict them (Trainer passes them under context
                 parallelism and sequence packing); used as given instead of shifting `labels`.
         """
-        inputs_embeds, real, state = self.transformer._prepare(
-            input_ids, attention_mask, past_key_values, inputs_embeds, kwargs
+        shift_labels = self._targets(
+            labels, kwargs.get("shift_labels"), input_ids if input_ids is not None else inputs_embeds
         )
-        output_hidden_states, output_attentions = self.transformer._output_flags(
-            output_hidden_states, output_attentions
-        )
-        shift_labels = self._targets(labels, kwargs.get("shift_labels"), real)
         keep_logits = shift_labels is None if return_logits is None else return_logits
         num_items = None
         if shift_labels is not None:
@@ -978,25 +1069,26 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
         def window_loss(hidden: torch.Tensor, step_labels: torch.Tensor) -> torch.Tensor:
             return self._loss(self.lm_head(hidden), step_labels, num_items)  # (batch, new, vocab) logits, then freed
 
-        if shift_labels is not None and not keep_logits:
-            steps = self.transformer._forward_windows(
-                inputs_embeds, real, state, shift_labels, window_loss, output_hidden_states, output_attentions
-            )
-            logits, loss = None, torch.stack([s.head for s in steps]).sum()
-        else:
-            steps = self.transformer._forward_windows(
-                inputs_embeds, real, state, None, None, output_hidden_states, output_attentions
-            )
-            # One head call over all positions: cheaper than concatenating per-window logits.
-            logits = self.lm_head(torch.cat([s.hidden for s in steps], dim=1)) if keep_logits else None
-            loss = self._loss(logits, shift_labels, num_items) if shift_labels is not None else None
-        output = RecurrentGPT2CausalLMOutput(
-            loss=loss,
-            logits=logits,
-            past_key_values=state if use_cache is not False else None,
-            hidden_states=_concat_layers([s.all_hidden for s in steps], dim=1) if output_hidden_states else None,
-            attentions=_concat_layers([s.attentions for s in steps], dim=2) if output_attentions else None,
+        loss_per_window = shift_labels is not None and not keep_logits
+        run = self.transformer._run(
+            input_ids,
+            attention_mask,
+            past_key_values,
+            inputs_embeds,
+            output_hidden_states,
+            output_attentions,
+            kwargs,
+            step_targets=shift_labels if loss_per_window else None,
+            step_head=window_loss if loss_per_window else None,
         )
+        logits = loss = None
+        if loss_per_window:
+            loss = torch.stack(run.head_outputs()).sum()
+        elif keep_logits:
+            # One head call over all positions: cheaper than concatenating per-window logits.
+            logits = self.lm_head(run.last_hidden_state())
+            loss = self._loss(logits, shift_labels, num_items) if shift_labels is not None else None
+        output = RecurrentGPT2CausalLMOutput(loss=loss, logits=logits, **run.outputs(use_cache))
         return output if return_dict is not False else output.to_tuple()
 
 
