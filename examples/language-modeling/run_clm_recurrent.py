@@ -50,7 +50,7 @@ from transformers import (
 )
 from transformers.utils.versions import require_version
 
-from hf_recurrence import RecurrentGPT2LMHeadModel
+from hf_recurrence import RecurrentGPT2Config, RecurrentGPT2LMHeadModel
 from hf_recurrence.data import TokenBlocks, WindowedBlocksCollator, read_documents, token_stream
 from hf_recurrence.outputs import (
     MODEL_FOLDER_FILES,
@@ -65,7 +65,6 @@ require_version("transformers>=5.23,<6", "hf_recurrence is tested with transform
 logger = logging.getLogger(__name__)
 
 MODEL_TYPES = ("recurrent_gpt2", "gpt2")
-RECURRENCE_FIELDS = ("window_size", "window_overlap", "insertion_layer", "recurrence_hidden_sizes", "bptt_windows")
 
 
 @dataclass
@@ -135,7 +134,9 @@ class DataTrainingArguments:
 def load_model(model_args: ModelArguments) -> PreTrainedModel:
     """The model to train: a GPT-2 for the baseline, else a recurrent GPT-2 with the recurrence settings given."""
     overrides = {
-        name: getattr(model_args, name) for name in RECURRENCE_FIELDS if getattr(model_args, name) is not None
+        name: getattr(model_args, name)
+        for name in RecurrentGPT2Config.family_settings
+        if getattr(model_args, name) is not None
     }
     if model_args.model_type == "gpt2":
         recurrent_only = sorted(set(overrides) - {"window_size", "window_overlap"})
@@ -164,7 +165,11 @@ def check_lora_base(model_args: ModelArguments) -> None:
     if model_args.model_type != "recurrent_gpt2":
         return
     saved_type = PreTrainedConfig.get_config_dict(model_args.model_name_or_path)[0].get("model_type")
-    changed = [name for name in RECURRENCE_FIELDS if name != "bptt_windows" and getattr(model_args, name) is not None]
+    changed = [
+        name
+        for name in RecurrentGPT2Config.family_settings
+        if name != "bptt_windows" and getattr(model_args, name) is not None
+    ]
     if saved_type != "recurrent_gpt2" or changed:
         raise ValueError(
             f"--use_lora needs a recurrent GPT-2 checkpoint used with its own window settings, so that the adapter "

@@ -1,21 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
 r"""Train a Transformer-XL language model with the stock `Trainer` on the Python standard library's own sources.
 
-The corpus is read from the machine (`hf_recurrence.data.python_stdlib_documents`): real, long documents that exist
+The corpus is read from the machine: the standard library's modules, split into train / validation by module name
+(`hf_recurrence.data.stdlib_split`, the split every script of the package uses), real long documents that exist
 wherever Python does, so the script runs offline and in CI. A byte-level BPE tokenizer is trained on the same text
-(`hf_recurrence.data.train_byte_level_bpe`) unless `--tokenizer_name` points to one. The text is grouped into blocks
-of `--block_segments` segments; inside every block the model reads segment after segment with its memory, so the
+(`hf_recurrence.data.train_byte_level_bpe`) unless `--tokenizer_name` points to one. The token stream is cut into blocks
+of `--block_segments` segments (`hf_recurrence.data.TokenBlocks`); inside every block the model reads segment after segment with its memory, so the
 Trainer trains the recurrence (memory is not carried from one block to the next: blocks are shuffled).
 
 Smoke run (seconds):
 
-    python examples/transformer_xl/train_transformer_xl.py --output_dir /tmp/txl --max_steps 2 \
-        --per_device_train_batch_size 2 --report_to none --max_train_documents 4 --sample_tokens 20 \
+    python examples/transformer_xl/run_clm_transformer_xl.py --output_dir /tmp/txl --max_steps 2 \
+        --per_device_train_batch_size 2 --report_to none --max_train_documents 4 --max_eval_documents 2 --sample_tokens 20 \
         --config_overrides n_layer=2,d_model=64
 
 Realistic CPU run (about an hour on 2 cores):
 
-    python examples/transformer_xl/train_transformer_xl.py --output_dir txl-stdlib --num_train_epochs 1 \
+    python examples/transformer_xl/run_clm_transformer_xl.py --output_dir txl-stdlib --num_train_epochs 1 \
         --per_device_train_batch_size 8 --learning_rate 5e-4 --report_to none
 """
 
@@ -24,7 +25,6 @@ import math
 import sys
 from dataclasses import dataclass, field
 
-import torch
 import transformers
 from transformers import (
     AutoConfig,
@@ -37,7 +37,7 @@ from transformers import (
 )
 
 import hf_recurrence
-from hf_recurrence.data import END_OF_TEXT, python_stdlib_documents, train_byte_level_bpe
+from hf_recurrence.data import TokenBlocks, read_documents, token_stream, train_byte_level_bpe
 from hf_recurrence.outputs import (
     MODEL_FOLDER_FILES,
     TRAINING_RUN_FILES,
@@ -60,7 +60,8 @@ class ModelArguments:
     tokenizer_name: str | None = field(default=None, metadata={"help": "Tokenizer folder; default: train a BPE."})
     vocab_size: int = field(default=4000, metadata={"help": "Vocabulary of the tokenizer trained here."})
     config_overrides: str | None = field(
-        default=None, metadata={"help": "Comma-separated config fields, e.g. n_layer=4,mem_len=64,d_model=256."}
+        default=None,
+        metadata={"help": "Config fields to change, as transformers' run_clm.py takes them: n_layer=4,d_model=256."},
     )
 
 
@@ -69,39 +70,9 @@ class DataTrainingArguments:
     segment_length: int = field(default=64, metadata={"help": "Tokens per segment (config.segment_length)."})
     mem_len: int = field(default=64, metadata={"help": "Memory per layer (config.mem_len)."})
     block_segments: int = field(default=4, metadata={"help": "Segments per training block."})
-    max_train_documents: int | None = field(default=None, metadata={"help": "Use only the first N modules."})
-    validation_every: int = field(default=10, metadata={"help": "Every N-th module is held out for evaluation."})
+    max_train_documents: int | None = field(default=None, metadata={"help": "Use only the first N training modules."})
+    max_eval_documents: int | None = field(default=None, metadata={"help": "Use only the first N validation modules."})
     sample_tokens: int = field(default=400, metadata={"help": "Length of the greedy continuation logged at the end."})
-
-
-def parse_overrides(text: str | None) -> dict:
-    overrides = {}
-    for item in filter(None, (text or "").split(",")):
-        key, _, value = item.partition("=")
-        for cast in (int, float):
-            try:
-                value = cast(value)
-                break
-            except ValueError:
-                continue
-        overrides[key.strip()] = {"True": True, "False": False, "None": None}.get(value, value)
-    return overrides
-
-
-class Blocks(torch.utils.data.Dataset):
-    """Fixed-length blocks cut from one token stream; labels = input ids (the model shifts them)."""
-
-    def __init__(self, ids: list[int], block_size: int):
-        usable = len(ids) // block_size * block_size
-        if usable == 0:
-            raise ValueError(f"The corpus has {len(ids)} tokens, fewer than one block of {block_size}")
-        self.blocks = torch.tensor(ids[:usable]).view(-1, block_size)
-
-    def __len__(self) -> int:
-        return len(self.blocks)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.blocks[i], "labels": self.blocks[i]}
 
 
 def main() -> None:
@@ -115,19 +86,18 @@ def main() -> None:
     prepare_training_output_dir(training_args, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, output_args)
     set_seed(training_args.seed)
 
-    # 2. Data: one document per standard library module; every N-th module is held out.
-    documents = [text for _, text in python_stdlib_documents(min_chars=2000, limit=data_args.max_train_documents)]
-    train_texts = [t for i, t in enumerate(documents) if i % data_args.validation_every]
-    eval_texts = [t for i, t in enumerate(documents) if i % data_args.validation_every == 0]
+    # 2. Data: one document per standard library module, in the package's train / validation split.
+    train_texts = [text for _, text in read_documents(None, "train")][: data_args.max_train_documents]
+    eval_texts = [text for _, text in read_documents(None, "validation")][: data_args.max_eval_documents]
 
-    # 3. Tokenizer
+    # 3. Tokenizer and blocks
     if model_args.tokenizer_name:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(model_args.tokenizer_name)
     else:
         tokenizer = train_byte_level_bpe(train_texts, vocab_size=model_args.vocab_size)
     block_size = data_args.block_segments * data_args.segment_length
-    train_dataset = Blocks(tokenizer(END_OF_TEXT.join(train_texts)).input_ids, block_size)
-    eval_dataset = Blocks(tokenizer(END_OF_TEXT.join(eval_texts)).input_ids, block_size)
+    train_dataset = TokenBlocks(token_stream(train_texts, tokenizer), block_size)
+    eval_dataset = TokenBlocks(token_stream(eval_texts, tokenizer), block_size)
     logger.info(f"{len(train_dataset)} training and {len(eval_dataset)} evaluation blocks of {block_size} tokens")
 
     # 4. Config and model
@@ -147,7 +117,9 @@ def main() -> None:
             "eos_token_id": tokenizer.eos_token_id,
             "pad_token_id": tokenizer.pad_token_id,
         }
-        config = AutoConfig.for_model("transformer_xl", **{**settings, **parse_overrides(model_args.config_overrides)})
+        config = AutoConfig.for_model("transformer_xl", **settings)
+        if model_args.config_overrides:
+            config.update_from_string(model_args.config_overrides)
         model = AutoModelForCausalLM.from_config(config)
     logger.info(f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
 

@@ -1,8 +1,8 @@
 """Sharing on the Hugging Face Hub: model cards and pushes that load anywhere with `trust_remote_code=True`.
 
-The model folders stay self-contained (they cannot import `hf_recurrence`), so everything a card says about a family
-lives here, in `FAMILIES`, keyed by `model_type`: its paper, the pipeline it serves, and which config fields are its
-recurrence settings. Adding a family to the cards is one entry.
+The model folders stay self-contained (they cannot import `hf_recurrence`), so what a card says about a family's
+paper and pipeline lives here, in `FAMILIES`, keyed by `model_type`; the config fields it lists as the family's
+settings come from the config class (`family_settings`). Adding a family to the cards is one entry here.
 """
 
 import os
@@ -15,6 +15,7 @@ from huggingface_hub import CommitInfo, CommitOperationAdd, EvalResult, HfApi, M
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.utils import logging
 
 from .outputs import MODEL_FOLDER_FILES, UsageError
@@ -73,8 +74,6 @@ class FamilyCard:
     paper: Paper
     pipeline_tag: str
     auto_class: str
-    # Config fields shown under "Recurrence settings", in this order.
-    settings: tuple[str, ...]
 
 
 FAMILIES: dict[str, FamilyCard] = {
@@ -88,7 +87,6 @@ FAMILIES: dict[str, FamilyCard] = {
         ),
         pipeline_tag="text-generation",
         auto_class="AutoModelForCausalLM",
-        settings=("window_size", "window_overlap", "insertion_layer", "recurrence_hidden_sizes", "bptt_windows"),
     ),
     "recurrent_llama": FamilyCard(
         name="Recurrent Llama",
@@ -100,14 +98,6 @@ FAMILIES: dict[str, FamilyCard] = {
         ),
         pipeline_tag="text-generation",
         auto_class="AutoModelForCausalLM",
-        settings=(
-            "window_size",
-            "window_overlap",
-            "insertion_layer",
-            "recurrence_hidden_sizes",
-            "bptt_windows",
-            "h_prev_rope_position",
-        ),
     ),
     "inductive_bert": FamilyCard(
         name="I-BERT (inductive BERT)",
@@ -119,7 +109,6 @@ FAMILIES: dict[str, FamilyCard] = {
         ),
         pipeline_tag="fill-mask",
         auto_class="AutoModelForMaskedLM",
-        settings=("use_position_embeddings", "lstm_feed_forward"),
     ),
     "transformer_xl": FamilyCard(
         name="Transformer-XL",
@@ -138,7 +127,6 @@ FAMILIES: dict[str, FamilyCard] = {
         ),
         pipeline_tag="text-generation",
         auto_class="AutoModelForCausalLM",
-        settings=("segment_length", "mem_len", "clamp_len", "same_length"),
     ),
 }
 
@@ -186,7 +174,8 @@ def model_card(
     config = model_or_config.config if isinstance(model_or_config, PreTrainedModel) else model_or_config
     family = family_card(config)
     base_model = base_model or base_model_of(config, repo_id)
-    settings = {name: getattr(config, name) for name in family.settings if hasattr(config, name)}
+    # The installed config class lists its family's fields (a remote-code copy from an older release may not).
+    settings = {name: getattr(config, name) for name in CONFIG_MAPPING[config.model_type].family_settings}
     data = ModelCardData(
         library_name="transformers",
         pipeline_tag=family.pipeline_tag,

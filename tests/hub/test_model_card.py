@@ -35,7 +35,9 @@ def assert_card_metadata(card: ModelCard, config: PreTrainedConfig, base_model: 
     assert card.data.pipeline_tag == family.pipeline_tag
     assert {"hf-recurrence", config.model_type, f"arxiv:{family.paper.arxiv}"} <= set(card.data.tags)
     assert card.data.base_model == base_model
-    assert (card.data.get("recurrence_settings") or {}) == {name: getattr(config, name) for name in family.settings}
+    assert (card.data.get("recurrence_settings") or {}) == {
+        name: getattr(config, name) for name in config.family_settings
+    }
     assert "trust_remote_code=True" in card.text
     assert family.paper.title in card.text
 

@@ -12,23 +12,15 @@ from pathlib import Path
 
 from transformers import AutoConfig, AutoTokenizer
 
-from ..models import RecurrentGPT2LMHeadModel, RecurrentLlamaForCausalLM
+from ..models import RecurrentGPT2Config, RecurrentGPT2LMHeadModel, RecurrentLlamaConfig, RecurrentLlamaForCausalLM
 from ..outputs import MODEL_FOLDER_FILES, TRAINING_RUN_FILES, UsageError, prepare_output_dir
 from ..smollm2 import recurrent_llama_from_gguf
 
 
-RECURRENCE_SETTINGS = (
-    "window_size",
-    "window_overlap",
-    "insertion_layer",
-    "recurrence_hidden_sizes",
-    "bptt_windows",
-    "h_prev_rope_position",
-    "normalize_pooled_states",
-    "recurrence_input",
-)
 # Settings only the recurrent Llama has.
-LLAMA_ONLY_SETTINGS = ("h_prev_rope_position", "normalize_pooled_states", "recurrence_input")
+LLAMA_ONLY_SETTINGS = tuple(
+    name for name in RecurrentLlamaConfig.family_settings if name not in RecurrentGPT2Config.family_settings
+)
 # model_type of the source checkpoint -> the recurrent class that loads it
 RECURRENT_CLASSES = {
     "gpt2": RecurrentGPT2LMHeadModel,
@@ -122,7 +114,9 @@ def _load_gguf(gguf: Path, settings: dict):
 
 def run(args: argparse.Namespace) -> int:
     # Settings not given are left to the config, which fits them to the checkpoint (window_size <= its positions).
-    settings = {name: getattr(args, name) for name in RECURRENCE_SETTINGS if getattr(args, name) is not None}
+    settings = {
+        name: getattr(args, name) for name in RecurrentLlamaConfig.family_settings if getattr(args, name) is not None
+    }
     gguf = _gguf_path(args)
     model, tokenizer, new_tensors = _load_gguf(gguf, settings) if gguf else _load_folder(args, settings)
     prepare_output_dir(args.output_dir, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, overwrite=args.overwrite)

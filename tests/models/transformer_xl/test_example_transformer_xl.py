@@ -11,7 +11,7 @@ from ...common import REPO_ROOT, SRC_ROOT
 
 @pytest.mark.slow  # about 50 s on the loaded 2-core machine (tokenizer training, 2 steps, evaluation)
 def test_example_smoke_run(tmp_path):
-    script = REPO_ROOT / "examples" / "transformer_xl" / "train_transformer_xl.py"
+    script = REPO_ROOT / "examples" / "transformer_xl" / "run_clm_transformer_xl.py"
     command = [
         sys.executable,
         str(script),
@@ -25,6 +25,8 @@ def test_example_smoke_run(tmp_path):
         "none",
         "--max_train_documents",
         "4",
+        "--max_eval_documents",
+        "2",
         "--sample_tokens",
         "20",
         "--config_overrides",

@@ -20,8 +20,6 @@ AUTO_MAP = {
     "AutoModelForTokenClassification": "modeling_inductive_bert.IBertForTokenClassification",
 }
 
-ABLATION_FIELDS = ("use_position_embeddings", "lstm_feed_forward")
-
 
 @strict
 class InductiveBertConfig(BertConfig):
@@ -58,6 +56,9 @@ class InductiveBertConfig(BertConfig):
     ```"""
 
     model_type = "inductive_bert"
+    # The config fields this family adds to BERT (the paper's ablation switches), in the order model cards list them;
+    # from_pretrained(..., field=value) applies them before validation, and tools read the list from here.
+    family_settings = ("use_position_embeddings", "lstm_feed_forward")
 
     use_position_embeddings: bool = False
     lstm_feed_forward: bool = False
@@ -85,7 +86,7 @@ class InductiveBertConfig(BertConfig):
     def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> "InductiveBertConfig":
         # Switches given to from_pretrained must be in place when the config is validated, not set after it.
         config_dict = dict(config_dict)
-        for name in ABLATION_FIELDS:
+        for name in cls.family_settings:
             if name in kwargs:
                 config_dict[name] = kwargs.pop(name)
         return super().from_dict(config_dict, **kwargs)

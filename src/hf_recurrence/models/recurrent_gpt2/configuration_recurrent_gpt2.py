@@ -68,6 +68,9 @@ class RecurrentGPT2Config(GPT2Config):
     ```"""
 
     model_type = "recurrent_gpt2"
+    # The config fields this family adds to its base architecture, in the order model cards list them;
+    # from_pretrained(..., field=value) applies them before validation, and tools read the list from here.
+    family_settings = ("window_size", "window_overlap", "insertion_layer", "recurrence_hidden_sizes", "bptt_windows")
     attribute_map = {
         "hidden_size": "n_embd",
         "num_attention_heads": "n_head",
@@ -103,7 +106,7 @@ class RecurrentGPT2Config(GPT2Config):
         # Recurrence settings given to from_pretrained must be in place when the config is validated, not set after:
         # a GPT-2 config plus window_size=... is only valid as a whole.
         config_dict = dict(config_dict)
-        for name in ("window_size", "window_overlap", "insertion_layer", "recurrence_hidden_sizes", "bptt_windows"):
+        for name in cls.family_settings:
             if name in kwargs:
                 config_dict[name] = kwargs.pop(name)
         if "window_size" not in config_dict and "n_positions" in config_dict:

@@ -18,17 +18,6 @@ AUTO_MAP = {
     "AutoModelForCausalLM": "modeling_recurrent_llama.RecurrentLlamaForCausalLM",
 }
 
-RECURRENCE_FIELDS = (
-    "window_size",
-    "window_overlap",
-    "insertion_layer",
-    "recurrence_hidden_sizes",
-    "bptt_windows",
-    "h_prev_rope_position",
-    "normalize_pooled_states",
-    "recurrence_input",
-)
-
 # What the recurrence reads: the window's summary (the paper), or zeros (the control: a learned constant h_prev).
 RECURRENCE_INPUTS = ("window", "zeros")
 
@@ -99,6 +88,18 @@ class RecurrentLlamaConfig(LlamaConfig):
     ```"""
 
     model_type = "recurrent_llama"
+    # The config fields this family adds to its base architecture, in the order model cards list them;
+    # from_pretrained(..., field=value) applies them before validation, and tools read the list from here.
+    family_settings = (
+        "window_size",
+        "window_overlap",
+        "insertion_layer",
+        "recurrence_hidden_sizes",
+        "bptt_windows",
+        "h_prev_rope_position",
+        "normalize_pooled_states",
+        "recurrence_input",
+    )
 
     window_size: int = 300
     window_overlap: int = 0
@@ -132,7 +133,7 @@ class RecurrentLlamaConfig(LlamaConfig):
         # Recurrence settings given to from_pretrained must be in place when the config is validated, not set after:
         # a Llama config plus window_size=... is only valid as a whole.
         config_dict = dict(config_dict)
-        for name in RECURRENCE_FIELDS:
+        for name in cls.family_settings:
             if name in kwargs:
                 config_dict[name] = kwargs.pop(name)
         if "window_size" not in config_dict and "max_position_embeddings" in config_dict:

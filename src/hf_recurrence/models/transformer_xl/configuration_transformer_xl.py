@@ -78,6 +78,8 @@ class TransformerXLConfig(PreTrainedConfig):
     ```"""
 
     model_type = "transformer_xl"
+    # The segment-recurrence settings, in the order model cards list them.
+    family_settings = ("segment_length", "mem_len", "clamp_len", "same_length")
     keys_to_ignore_at_inference = ["past_key_values"]
     attribute_map = {
         "hidden_size": "d_model",
