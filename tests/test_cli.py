@@ -7,8 +7,10 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from hf_recurrence import RecurrentGPT2LMHeadModel
+from hf_recurrence.book_reproduction import BookReproductionSettings
 from hf_recurrence.cli import COMMANDS, build_parser, main
 from hf_recurrence.commands.reproduce import PRESETS, settings_from_args
+from hf_recurrence.outputs import UsageError
 from hf_recurrence.pretraining import default_model_path
 from hf_recurrence.reproduction import ReproductionSettings, findings
 
@@ -184,6 +186,18 @@ def test_presets_are_overridden_by_explicit_options():
     settings = settings_from_args(args)
     assert settings.max_steps == 7 and list(settings.window_sizes) == [16]
     assert settings.batch_size == PRESETS["smoke"]["batch_size"]
+
+
+def test_long_books_options_parse_into_their_settings_and_foreign_ones_are_refused():
+    args = build_parser().parse_args(
+        ["reproduce", "--preset", "smollm2", "--normalize_pooled_states", "false", "--overlap_fractions", "0", "0.5"]
+    )
+    settings = settings_from_args(args)
+    assert settings.normalize_pooled_states is False and list(settings.overlap_fractions) == [0.0, 0.5]
+    assert settings.window_size == BookReproductionSettings().window_size  # not given: the preset's
+    args = build_parser().parse_args(["reproduce", "--preset", "smollm2", "--window_sizes", "64"])
+    with pytest.raises(UsageError, match="--window_sizes do\\(es\\) not apply to --preset smollm2"):
+        settings_from_args(args)
 
 
 def test_reproduction_settings_name_bad_values():

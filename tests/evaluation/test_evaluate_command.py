@@ -50,7 +50,7 @@ def test_grid_over_text_files(saved_models, tmp_path, capsys):
     out = tmp_path / "out"
     assert evaluate_command.run(parse([*argv, "--text_file", *map(str, files), "--output_dir", str(out)])) == 0
 
-    rows = json.loads((out / "results.json").read_text())
+    rows = json.loads((out / "results.json").read_text())["rows"]
     grid = [(row["model"], row["window_size"], row["overlap"]) for row in rows]
     # The recurrent model is evaluated only at its trained overlap (2), at both windows.
     assert grid == [
@@ -72,7 +72,7 @@ def test_standard_library_test_split_through_the_cli(saved_models, tmp_path):
     root, _, _ = saved_models
     argv = [str(root / "baseline"), "--windows", "16", "--corpus", "python-stdlib-test", "--max_documents", "1"]
     assert cli.main(["evaluate", *argv, "--output_dir", str(tmp_path)]) == 0
-    (row,) = json.loads((tmp_path / "results.json").read_text())
+    (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert row["num_documents"] == 1 and row["num_tokens"] > 100 and row["overlap"] == 0
 
 
@@ -119,7 +119,7 @@ def test_results_are_written_after_each_evaluation(saved_models, tmp_path, monke
     argv = [str(root / "baseline"), "--windows", "8", "16", *STDLIB_DOCUMENT, "--output_dir", str(out)]
     with pytest.raises(RuntimeError, match="interrupted"):
         cli.main(["evaluate", *argv])
-    (row,) = json.loads((out / "results.json").read_text())
+    (row,) = json.loads((out / "results.json").read_text())["rows"]
     assert row["window_size"] == 8 and "| 8 |" in (out / "results.md").read_text()
 
 
@@ -142,7 +142,7 @@ def test_a_non_empty_folder_is_refused_and_overwrite_replaces_the_earlier_result
     assert (tmp_path / "perplexity_vs_flops.png").read_bytes() == b"an earlier run's plot"
 
     assert cli.main([*argv, "--overwrite"]) == 0
-    (row,) = json.loads((tmp_path / "results.json").read_text())
+    (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert row["model"] == "transformer_xl" and row["flops_per_token"] is None
     # No plot of this run (nothing plottable), and none of the earlier one left beside its results.
     assert not (tmp_path / "perplexity_vs_flops.png").exists()

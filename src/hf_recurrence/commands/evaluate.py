@@ -13,13 +13,12 @@ Example:
 """
 
 import argparse
-import json
 from pathlib import Path
 
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedConfig
 
 from ..data import stdlib_split
-from ..evaluation import RECURRENT_MODEL_TYPES, format_table, plot_perplexity_vs_flops, windowed_perplexity
+from ..evaluation import RECURRENT_MODEL_TYPES, plot_perplexity_vs_flops, windowed_perplexity, write_report
 from ..evaluation.perplexity import resolve_schedule
 from ..outputs import REPORT_FILES, UsageError, prepare_output_dir
 
@@ -75,9 +74,7 @@ def run(args: argparse.Namespace) -> int:
             )
             rows.append({"model": Path(path).name or path, "path": str(path), **result.to_dict()})
             # Written after every evaluation, so that a later failure loses nothing finished.
-            table = format_table(rows)
-            (args.output_dir / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
-            (args.output_dir / "results.md").write_text(table + "\n")
+            table = write_report(args.output_dir, rows)
         del model
 
     print(f"\n{table}\n")

@@ -8,24 +8,14 @@ import argparse
 import json
 import shlex
 import sys
-from dataclasses import asdict, fields
 from pathlib import Path
 
 from ..pretraining import PretrainingSettings, pretrain
+from .options import given_options, preset_options
 
 
-HELP = {
-    "vocab_size": "BPE vocabulary size.",
-    "n_positions": "GPT-2 position table, also the training block length.",
-    "n_embd": "Hidden size.",
-    "n_layer": "Transformer blocks.",
-    "n_head": "Attention heads.",
-    "max_steps": "Optimizer steps.",
-    "batch_size": "Blocks per step.",
-    "learning_rate": "Peak AdamW learning rate (cosine decay after warm-up).",
-    "warmup_steps": "Linear warm-up steps.",
-    "seed": "Seed for initialisation and data order.",
-}
+# The options HfArgumentParser adds: one per PretrainingSettings field, its help from the field's metadata.
+OPTION_CLASSES = (preset_options(PretrainingSettings),)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,12 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--overwrite", action="store_true", help="Write into a non-empty output_dir, replacing the model there."
     )
-    for name, value in asdict(PretrainingSettings()).items():
-        parser.add_argument(f"--{name}", type=type(value), default=value, help=f"{HELP[name]} (default: {value})")
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = PretrainingSettings(**{f.name: getattr(args, f.name) for f in fields(PretrainingSettings)})
+    settings = PretrainingSettings(**given_options(args, OPTION_CLASSES))
     metrics = pretrain(
         args.output_dir, settings, command=shlex.join(["hf-recurrence", *sys.argv[1:]]), overwrite=args.overwrite
     )

@@ -23,6 +23,7 @@ from pathlib import Path
 from ..book_reproduction import BookReproductionSettings, reproduce_on_books
 from ..outputs import UsageError
 from ..reproduction import ReproductionSettings, reproduce
+from .options import given_options, preset_options
 
 
 PRESETS = {
@@ -65,45 +66,17 @@ BOOK_PRESETS = {
 }
 
 
-def _bool(text: str) -> bool:
-    if text.lower() not in ("true", "false"):
-        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-    return text.lower() == "true"
-
-
-# option -> (type, takes a list, help); one per ReproductionSettings field
-OPTIONS = {
-    "model_name_or_path": (str, False, "GPT-2 checkpoint to start from (default: the embedded default model)."),
-    "window_sizes": (int, True, "Window sizes T to train and evaluate."),
-    "baseline_overlap_fractions": (float, True, "Overlaps at which the baseline is evaluated, as fractions of T."),
-    "recurrent_overlap_fractions": (
-        float,
-        True,
-        "Overlaps at which a recurrent model is trained and evaluated, as fractions of T.",
+# The options HfArgumentParser adds, their help from the settings' field metadata: every ReproductionSettings
+# field, then the long-books reproduction's own.
+OPTION_CLASSES = (
+    preset_options(ReproductionSettings, label="Default preset"),
+    preset_options(
+        BookReproductionSettings,
+        skip=[f.name for f in fields(ReproductionSettings)],
+        label="smollm2 preset",
+        prefix="(smollm2) ",
     ),
-    "block_tokens": (int, False, "Tokens per training block; a block holds block_tokens // T windows."),
-    "batch_size": (int, False, "Blocks per optimizer step."),
-    "max_steps": (int, False, "Optimizer steps per model."),
-    "learning_rate": (float, False, "Peak learning rate (linear warm-up, cosine decay)."),
-    "warmup_steps": (int, False, "Warm-up steps."),
-    "eval_documents": (int, False, "Evaluate on only the first N held-out documents."),
-    "seed": (int, False, "Random seed."),
-    "train_files": (str, True, "Text files to fine-tune on instead of the standard library's train modules."),
-    "test_files": (str, True, "Text files to evaluate on instead of the standard library's test modules."),
-}
-
-# The long-books reproduction's own options (the shared ones above apply to it too, where it has the field).
-BOOK_OPTIONS = {
-    "window_size": (int, False, "(smollm2) Tokens per window T."),
-    "overlap_fractions": (float, True, "(smollm2) Baseline overlaps as fractions of T; must include 0."),
-    "windows_per_block": (int, False, "(smollm2) Windows per training block (backpropagation through time)."),
-    "insertion_layer": (int, False, "(smollm2) Layer that receives h_prev."),
-    "normalize_pooled_states": (_bool, False, "(smollm2) true/false: unit-RMS token states before pooling."),
-    "eval_split": (str, False, "(smollm2) Austen split to evaluate on: test, validation or train."),
-    "eval_tokens_per_book": (int, False, "(smollm2) Tokens of each held-out book's beginning to read."),
-    "segment_tokens": (int, False, "(smollm2) Predicted tokens per bootstrap segment."),
-    "num_resamples": (int, False, "(smollm2) Bootstrap resamples."),
-}
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -114,14 +87,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--overwrite", action="store_true", help="Write into a non-empty output_dir, replacing earlier results."
     )
-    defaults = ReproductionSettings()
-    for name, (kind, is_list, help_text) in OPTIONS.items():
-        help_text += f" Default preset: {getattr(defaults, name)}."
-        parser.add_argument(f"--{name}", type=kind, nargs="+" if is_list else None, help=help_text)
-    book_defaults = BookReproductionSettings()
-    for name, (kind, is_list, help_text) in BOOK_OPTIONS.items():
-        help_text += f" smollm2 preset: {getattr(book_defaults, name)}."
-        parser.add_argument(f"--{name}", type=kind, nargs="+" if is_list else None, help=help_text)
 
 
 def settings_from_args(args: argparse.Namespace) -> ReproductionSettings | BookReproductionSettings:
@@ -130,7 +95,7 @@ def settings_from_args(args: argparse.Namespace) -> ReproductionSettings | BookR
     books = args.preset in BOOK_PRESETS
     settings_class = BookReproductionSettings if books else ReproductionSettings
     known = {f.name for f in fields(settings_class)}
-    given = {name: getattr(args, name) for name in {**OPTIONS, **BOOK_OPTIONS} if getattr(args, name) is not None}
+    given = given_options(args, OPTION_CLASSES)
     foreign = sorted(name for name in given if name not in known)
     if foreign:
         raise UsageError(

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from .flops import flops_per_token
 from .perplexity import RECURRENT_MODEL_TYPES, TokenNLL, WindowedPerplexity, window_schedule, windowed_perplexity
-from .report import format_table, plot_nll_by_window_position, plot_perplexity_vs_flops
+from .report import format_table, plot_nll_by_window_position, plot_perplexity_vs_flops, write_report
 from .statistics import PairedBootstrap, nll_by_window_position, paired_bootstrap, segment_sums
 
 

@@ -4,6 +4,7 @@ A row is a dict with at least `model` (a name) and the fields of `WindowedPerple
 ignored, so callers can add their own (training loss, tokens seen).
 """
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -40,6 +41,18 @@ def format_table(rows: Sequence[dict]) -> str:
         cells = ["–" if row.get(key) is None else fmt.format(row[key]) for key, _, fmt in columns]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def write_report(output_dir: Path, rows: Sequence[dict], summary: Sequence[str] = (), **header) -> str:
+    """Write `results.json` (`header`'s fields, then `rows`) and `results.md` (the table of `rows`, then one bullet
+    per `summary` line) to `output_dir`; return the table. Every command that evaluates writes its report this way,
+    after each evaluation, so a later failure loses nothing finished."""
+    table = format_table(rows)
+    (output_dir / "results.json").write_text(json.dumps({**header, "rows": list(rows)}, indent=2) + "\n")
+    (output_dir / "results.md").write_text(
+        table + "\n" + ("\n" + "".join(f"- {line}\n" for line in summary) if summary else "")
+    )
+    return table
 
 
 def plot_perplexity_vs_flops(rows: Sequence[dict], path: str | Path) -> Path:
