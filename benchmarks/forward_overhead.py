@@ -22,6 +22,7 @@ sensitive to other processes on a small machine (see docs/benchmarks.md).
 
 import argparse
 import tempfile
+from dataclasses import dataclass
 
 import torch
 from _common import (
@@ -92,75 +93,79 @@ def profile_ops(fn, calls: int = 2) -> dict[str, tuple[float, int]]:
     return {e.key: (e.self_cpu_time_total / 1000 / calls, e.count // calls) for e in prof.key_averages()}
 
 
-def main() -> None:
-    args = parse_args()
-    setup(args.seed, args.threads)
-    info = machine_info()
-    window, windows, batch = args.window_size, args.windows, args.batch_size
-    config = GPT2Config(**gpt2_dims(args))
-    ids = torch.randint(0, args.vocab_size, (batch, windows * window))
-    chunks = list(ids.split(window, dim=1))  # `windows` x (batch, window)
+@dataclass
+class Measured:
+    """One attention implementation's timings (seconds per call, one per round) and operator profiles."""
+
+    attn: str
+    times: dict[str, list[float]]
+    first_window_diff: float
+    profiles: tuple[dict, dict] | None
+
+    def paired_ratio(self, recurrent: str = "recurrent", stock: str = "stock_sequential") -> float:
+        """Median over rounds of recurrent / stock measured back to back in the same round."""
+        return median([r / s for r, s in zip(self.times[recurrent], self.times[stock], strict=True)])
+
+
+def measure(args: argparse.Namespace, checkpoint: str, ids: torch.Tensor, attn: str) -> Measured:
+    """Time both models on `ids` (batch, windows * window) with `attn`, interleaved round by round."""
+    chunks = list(ids.split(args.window_size, dim=1))  # `windows` x (batch, window)
     stacked = torch.cat(chunks, dim=0)  # (windows * batch, window): all windows as one batch
+    stock, recurrent = load_pair(checkpoint, args, attn)
+    with torch.inference_mode():
+        first_diff = (recurrent(chunks[0]).logits - stock(chunks[0]).logits).abs().max().item()
+        fns = {
+            "recurrent": lambda: recurrent(ids),
+            "stock_sequential": lambda: [stock(c) for c in chunks],
+            "stock_batched": lambda: stock(stacked),
+        }
+        if not args.no_body:
+            fns |= {
+                "recurrent_body": lambda: recurrent.transformer(ids),
+                "stock_body_sequential": lambda: [stock.transformer(c) for c in chunks],
+            }
+        times = interleaved(fns, repeats=args.repeats, warmup=args.warmup)
+        profiles = None
+        if args.profile != "never":
+            profiles = (profile_ops(fns["recurrent"]), profile_ops(fns["stock_sequential"]))
+    return Measured(attn, times, first_diff, profiles)
 
-    rows, body_rows, details, ratios, body_ratios = [], [], [], [], []
-    profiles = {}
-    with tempfile.TemporaryDirectory() as checkpoint:
-        GPT2LMHeadModel(config).save_pretrained(checkpoint)
-        for attn in args.attn:
-            stock, recurrent = load_pair(checkpoint, args, attn)
-            with torch.inference_mode():
-                first_diff = (recurrent(chunks[0]).logits - stock(chunks[0]).logits).abs().max().item()
-                fns = {
-                    "recurrent": lambda r=recurrent: r(ids),
-                    "stock_sequential": lambda s=stock: [s(c) for c in chunks],
-                    "stock_batched": lambda s=stock: s(stacked),
-                }
-                if not args.no_body:
-                    fns |= {
-                        "recurrent_body": lambda r=recurrent: r.transformer(ids),
-                        "stock_body_sequential": lambda s=stock: [s.transformer(c) for c in chunks],
-                    }
-                times = interleaved(fns, repeats=args.repeats, warmup=args.warmup)
-                if args.profile != "never":
-                    profiles[attn] = (profile_ops(fns["recurrent"]), profile_ops(fns["stock_sequential"]))
-            med = {name: median(t) for name, t in times.items()}
-            paired = median([r / s for r, s in zip(times["recurrent"], times["stock_sequential"], strict=True)])
-            best = min(times["recurrent"]) / min(times["stock_sequential"])
-            ratios.append(paired)
-            rows.append(
-                [
-                    attn,
-                    f"{med['recurrent'] * 1e3:.0f}",
-                    f"{med['stock_sequential'] * 1e3:.0f}",
-                    f"{med['stock_batched'] * 1e3:.0f}",
-                    f"**{paired:.3f}x**",
-                    f"{med['recurrent'] / med['stock_sequential']:.3f}x",
-                    f"{best:.3f}x",
-                    f"{med['recurrent'] / med['stock_batched']:.3f}x",
-                ]
-            )
-            if not args.no_body:
-                body_paired = [
-                    r / s for r, s in zip(times["recurrent_body"], times["stock_body_sequential"], strict=True)
-                ]
-                body_ratios.append(median(body_paired))
-                body_rows.append(
-                    [
-                        attn,
-                        f"{med['recurrent_body'] * 1e3:.0f}",
-                        f"{med['stock_body_sequential'] * 1e3:.0f}",
-                        f"{body_ratios[-1]:.3f}x",
-                        f"{med['recurrent_body'] / med['stock_body_sequential']:.3f}x",
-                        f"{min(times['recurrent_body']) / min(times['stock_body_sequential']):.3f}x",
-                    ]
-                )
-            details.append(
-                f"- `{attn}`: first-window logits of the two models differ by at most {first_diff:.2e} (same "
-                f"weights, no `h_prev` yet); all timings (ms): "
-                + "; ".join(f"{name} " + " ".join(f"{t * 1e3:.0f}" for t in ts) for name, ts in times.items())
-            )
-            del stock, recurrent
 
+def summarise(measured: Measured) -> tuple[list[str], list[str] | None, str]:
+    """The LM-head table row, the bodies' table row (None without bodies) and the details line."""
+    times = measured.times
+    med = {name: median(t) for name, t in times.items()}
+    row = [
+        measured.attn,
+        f"{med['recurrent'] * 1e3:.0f}",
+        f"{med['stock_sequential'] * 1e3:.0f}",
+        f"{med['stock_batched'] * 1e3:.0f}",
+        f"**{measured.paired_ratio():.3f}x**",
+        f"{med['recurrent'] / med['stock_sequential']:.3f}x",
+        f"{min(times['recurrent']) / min(times['stock_sequential']):.3f}x",
+        f"{med['recurrent'] / med['stock_batched']:.3f}x",
+    ]
+    body_row = None
+    if "recurrent_body" in times:
+        body_row = [
+            measured.attn,
+            f"{med['recurrent_body'] * 1e3:.0f}",
+            f"{med['stock_body_sequential'] * 1e3:.0f}",
+            f"{measured.paired_ratio('recurrent_body', 'stock_body_sequential'):.3f}x",
+            f"{med['recurrent_body'] / med['stock_body_sequential']:.3f}x",
+            f"{min(times['recurrent_body']) / min(times['stock_body_sequential']):.3f}x",
+        ]
+    details = (
+        f"- `{measured.attn}`: first-window logits of the two models differ by at most "
+        f"{measured.first_window_diff:.2e} (same weights, no `h_prev` yet); all timings (ms): "
+        + "; ".join(f"{name} " + " ".join(f"{t * 1e3:.0f}" for t in ts) for name, ts in times.items())
+    )
+    return row, body_row, details
+
+
+def render_tables(args: argparse.Namespace, rows: list[list[str]], body_rows: list[list[str]]) -> tuple[str, str]:
+    """The LM-head models' table and the bodies' table ("" without bodies)."""
+    window, windows, batch = args.window_size, args.windows, args.batch_size
     headers = [
         "attn",
         "recurrent (ms)",
@@ -174,22 +179,32 @@ def main() -> None:
     if (window, windows, batch) != (300, 2, 1):
         headers[2] = f"stock {windows}x({batch},{window}) (ms)"
         headers[3] = f"stock ({windows * batch},{window}) (ms)"
-    table = markdown_table(headers, rows)
-    body_table = (
-        markdown_table(
-            [
-                "attn",
-                "recurrent body (ms)",
-                "stock body, sequential (ms)",
-                "ratio (median paired)",
-                "ratio of medians",
-                "ratio of minima",
-            ],
-            body_rows,
-        )
-        if body_rows
-        else ""
-    )
+    body_headers = [
+        "attn",
+        "recurrent body (ms)",
+        "stock body, sequential (ms)",
+        "ratio (median paired)",
+        "ratio of medians",
+        "ratio of minima",
+    ]
+    return markdown_table(headers, rows), markdown_table(body_headers, body_rows) if body_rows else ""
+
+
+def main() -> None:
+    args = parse_args()
+    setup(args.seed, args.threads)
+    info = machine_info()
+    window, windows, batch = args.window_size, args.windows, args.batch_size
+    ids = torch.randint(0, args.vocab_size, (batch, windows * window))
+    with tempfile.TemporaryDirectory() as checkpoint:
+        GPT2LMHeadModel(GPT2Config(**gpt2_dims(args))).save_pretrained(checkpoint)
+        measured = [measure(args, checkpoint, ids, attn) for attn in args.attn]
+
+    summaries = [summarise(m) for m in measured]
+    table, body_table = render_tables(args, [row for row, _, _ in summaries], [b for _, b, _ in summaries if b])
+    details = [line for _, _, line in summaries]
+    ratios = [m.paired_ratio() for m in measured]
+    body_ratios = [] if args.no_body else [m.paired_ratio("recurrent_body", "stock_body_sequential") for m in measured]
     missed = any(ratio > GOAL for ratio in ratios)
     print(f"\n{info}\n\nLM-head models, {batch} x {windows * window} tokens = {windows} windows of {window}:\n")
     print(table)
@@ -199,6 +214,7 @@ def main() -> None:
     print("\n" + "\n".join(details))
 
     profile_text = ""
+    profiles = {m.attn: m.profiles for m in measured if m.profiles is not None}
     if profiles and (args.profile == "always" or missed):
         profile_text = profile_report(profiles)
         print("\n" + profile_text)

@@ -210,21 +210,36 @@ def summarise(label: str, run: dict) -> tuple[list[object], dict]:
     return row, {"ratio": last / fresh, "sequential_ratio": last / first, "block": block}
 
 
-def main() -> None:
-    args = parse_args()
-    setup(args.seed, args.threads)
-    info = machine_info()
+def measure_generate(recurrent, prompt: torch.Tensor, tokens: int, manual: dict) -> list[object]:
+    """`generate()` of `tokens` greedy tokens against the manual decoding loop `manual`: the table row."""
+    with torch.inference_mode():
+        start = time.perf_counter()
+        output = recurrent.generate(prompt, max_new_tokens=tokens, do_sample=False)
+        seconds = time.perf_counter() - start
+    new = output[0, prompt.shape[1] :].tolist()
+    compared = min(len(new), len(manual["tokens"]))
+    same = new[:compared] == manual["tokens"][:compared]
+    manual_rate = len(manual["tokens"]) / sum(manual["seconds"])
+    return [
+        len(new),
+        f"{seconds:.1f}",
+        f"{len(new) / seconds:.1f}",
+        f"{manual_rate:.1f}",
+        f"{(len(new) / seconds) / manual_rate:.2f}x",
+        f"{'yes' if same else 'NO'} (first {compared})",
+    ]
+
+
+def measure(args: argparse.Namespace) -> tuple[dict[str, dict], list[object] | None, dict | None]:
+    """The recurrent decoding runs by label, the generate() row (None when not asked) and the stock GPT-2 run."""
     prompt = torch.randint(0, args.vocab_size, (1, args.prompt_tokens))
     recurrent = RecurrentGPT2LMHeadModel(recurrent_config(args, 0)).eval()
     stock = GPT2LMHeadModel(GPT2Config(**gpt2_dims(args))).eval()
     missing, unexpected = stock.load_state_dict(recurrent.state_dict(), strict=False)
     assert not missing and all(".recurrence." in k for k in unexpected), (missing, unexpected)
 
-    wall = {}
-    start = time.perf_counter()
     print("recurrent, overlap 0")
     runs = {"overlap 0": decode_recurrent(recurrent, prompt, args.tokens, "overlap 0")}
-    wall["overlap 0"] = time.perf_counter() - start
     if args.overlap:
         overlapping = RecurrentGPT2LMHeadModel(recurrent_config(args, args.overlap)).eval()
         overlapping.load_state_dict(recurrent.state_dict())
@@ -232,98 +247,85 @@ def main() -> None:
         print(f"recurrent, {label}")
         runs[label] = decode_recurrent(overlapping, prompt, args.overlap_tokens, label)
         del overlapping
-
     generate_row = None
     if args.generate_tokens:
         print(f"generate(max_new_tokens={args.generate_tokens})")
-        with torch.inference_mode():
-            start = time.perf_counter()
-            output = recurrent.generate(prompt, max_new_tokens=args.generate_tokens, do_sample=False)
-            seconds = time.perf_counter() - start
-        new = output[0, prompt.shape[1] :].tolist()
-        manual = runs["overlap 0"]["tokens"]
-        compared = min(len(new), len(manual))
-        same = new[:compared] == manual[:compared]
-        manual_rate = len(manual) / sum(runs["overlap 0"]["seconds"])
-        generate_row = [
-            len(new),
-            f"{seconds:.1f}",
-            f"{len(new) / seconds:.1f}",
-            f"{manual_rate:.1f}",
-            f"{(len(new) / seconds) / manual_rate:.2f}x",
-            f"{'yes' if same else 'NO'} (first {compared})",
-        ]
-
+        generate_row = measure_generate(recurrent, prompt, args.generate_tokens, runs["overlap 0"])
     stock_run = None
     if args.stock_steady_tokens:
         print(f"stock GPT-2: cached decoding to {args.n_positions} tokens, then {args.stock_steady_tokens} re-encodes")
         stock_run = decode_stock(stock, prompt, args.n_positions, args.stock_steady_tokens, recurrent)
+    return runs, generate_row, stock_run
 
+
+def render_recurrent_table(runs: dict[str, dict]) -> tuple[str, dict]:
+    """The per-token latency table of the recurrent runs, and each run's facts for the prose."""
     rows, facts = [], {}
     for label, run in runs.items():
         row, facts[label] = summarise(label, run)
         rows.append(row)
-    table = markdown_table(
+    block = facts["overlap 0"]["block"]
+    headers = [
+        "recurrent model",
+        "tokens",
+        f"first {block} mean (ms)",
+        f"last {block} mean (ms)",
+        "last / first",
+        f"fresh first {block}, alongside the last (ms)",
+        "last / fresh, interleaved",
+        "median, within a window (ms)",
+        "mean, window-starting token (ms)",
+        "state MiB, first / last block",
+        "RSS MiB, first block / end",
+    ]
+    return markdown_table(headers, rows), facts
+
+
+def render_generate_table(generate_row: list[object]) -> str:
+    headers = [
+        "generate() tokens",
+        "seconds",
+        "tokens/s",
+        "manual loop tokens/s",
+        "generate / manual",
+        "same tokens as manual loop",
+    ]
+    return markdown_table(headers, [generate_row])
+
+
+def render_stock_table(n_positions: int, recurrent_run: dict, stock_run: dict) -> str:
+    """Per-token latency of stock GPT-2 (KV cache, then re-encoding past its positions) against the recurrent model."""
+    stock_steady = statistics.mean(stock_run["steady"])
+    stock_warm = statistics.mean(stock_run["warm"])
+    rec = recurrent_run["seconds"]
+    rec_steady = statistics.mean(rec[n_positions:]) if len(rec) > n_positions else statistics.mean(rec)
+    rec_warm = statistics.mean(stock_run["recurrent_alongside"])
+    rows = [
+        [f"context < {n_positions} (stock: KV cache)", ms(stock_warm), ms(rec_warm), f"{stock_warm / rec_warm:.2f}x"],
         [
-            "recurrent model",
-            "tokens",
-            f"first {facts['overlap 0']['block']} mean (ms)",
-            f"last {facts['overlap 0']['block']} mean (ms)",
-            "last / first",
-            f"fresh first {facts['overlap 0']['block']}, alongside the last (ms)",
-            "last / fresh, interleaved",
-            "median, within a window (ms)",
-            "mean, window-starting token (ms)",
-            "state MiB, first / last block",
-            "RSS MiB, first block / end",
+            f"past {n_positions} tokens (stock: re-encode last {n_positions})",
+            ms(stock_steady),
+            ms(rec_steady),
+            f"**{stock_steady / rec_steady:.1f}x**",
         ],
-        rows,
+    ]
+    return markdown_table(
+        ["phase", "stock GPT-2 mean (ms/token)", "recurrent mean (ms/token)", "stock / recurrent"], rows
     )
+
+
+def main() -> None:
+    args = parse_args()
+    setup(args.seed, args.threads)
+    info = machine_info()
+    runs, generate_row, stock_run = measure(args)
+    table, facts = render_recurrent_table(runs)
+    generate_table = render_generate_table(generate_row) if generate_row else ""
+    stock_table = render_stock_table(args.n_positions, runs["overlap 0"], stock_run) if stock_run else ""
     print(f"\n{info}\n")
-    print(table)
-
-    generate_table = ""
-    if generate_row:
-        generate_table = markdown_table(
-            [
-                "generate() tokens",
-                "seconds",
-                "tokens/s",
-                "manual loop tokens/s",
-                "generate / manual",
-                "same tokens as manual loop",
-            ],
-            [generate_row],
-        )
-        print()
-        print(generate_table)
-
-    stock_table = ""
-    if stock_run:
-        stock_steady = statistics.mean(stock_run["steady"])
-        stock_warm = statistics.mean(stock_run["warm"])
-        rec = runs["overlap 0"]["seconds"]
-        rec_steady = statistics.mean(rec[args.n_positions :]) if len(rec) > args.n_positions else statistics.mean(rec)
-        rec_warm = statistics.mean(stock_run["recurrent_alongside"])
-        stock_rows = [
-            [
-                f"context < {args.n_positions} (stock: KV cache)",
-                ms(stock_warm),
-                ms(rec_warm),
-                f"{stock_warm / rec_warm:.2f}x",
-            ],
-            [
-                f"past {args.n_positions} tokens (stock: re-encode last {args.n_positions})",
-                ms(stock_steady),
-                ms(rec_steady),
-                f"**{stock_steady / rec_steady:.1f}x**",
-            ],
-        ]
-        stock_table = markdown_table(
-            ["phase", "stock GPT-2 mean (ms/token)", "recurrent mean (ms/token)", "stock / recurrent"], stock_rows
-        )
-        print()
-        print(stock_table)
+    for text in (table, generate_table, stock_table):
+        if text:
+            print(text + "\n")
     if args.write_docs:
         write_section("generation", docs_section(args, info, table, generate_table, stock_table, facts, stock_run))
 
