@@ -1067,7 +1067,7 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
                 num_items = (shift_labels != -100).sum()
 
         def window_loss(hidden: torch.Tensor, step_labels: torch.Tensor) -> torch.Tensor:
-            return self._loss(self.lm_head(hidden), step_labels, num_items)  # (batch, new, vocab) logits, then freed
+            return self._loss(self.lm_head(hidden), step_labels, num_items)  # one window's (batch, new, vocab) logits
 
         loss_per_window = shift_labels is not None and not keep_logits
         run = self.transformer._run(
