@@ -5,10 +5,15 @@ that reads text window by window and carries a one-vector summary of the past, a
 follow transformers' Llama so that Llama checkpoints load unchanged; the only new parameters live under
 `model.recurrence`."""
 
+import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
@@ -72,6 +77,69 @@ def _window_attentions(
     h_prev_weight = weights[..., :1] if with_h_prev else weights.new_zeros(*weights.shape[:-1], 1)
     layout = torch.cat([h_prev_weight, by_position], dim=-1)
     return layout * query_real[:, None, :, None].to(layout.dtype)
+
+
+# Bumped whenever the tensors or the header of a saved state change meaning; a reader refuses other versions.
+STATE_FILE_FORMAT_VERSION = 1
+# The safetensors metadata key whose JSON value describes a saved state.
+_STATE_HEADER_KEY = "hf_recurrence_state"
+
+
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._write_state_file
+def _write_state_file(
+    path: str | os.PathLike, tensors: dict[str, torch.Tensor], header: dict, overwrite: bool
+) -> None:
+    """Write `tensors` and the JSON `header` to a safetensors file, through a temporary file so that a failed write
+    never leaves half a state behind; an existing file is replaced only with `overwrite=True`."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
+    header = {**header, "format_version": STATE_FILE_FORMAT_VERSION}
+    # safetensors refuses tensors that share memory (a fresh state repeats one empty cache tensor per layer).
+    owned = {name: t.detach().contiguous().clone() for name, t in tensors.items()}
+    partial = path.with_name(path.name + ".partial")
+    save_file(owned, str(partial), metadata={_STATE_HEADER_KEY: json.dumps(header, sort_keys=True)})
+    partial.replace(path)
+
+
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._read_state_file
+def _read_state_file(
+    path: str | os.PathLike, family: str, device: torch.device | str | None
+) -> tuple[dict[str, torch.Tensor], dict]:
+    """The tensors (on `device`) and the header of a state file written by `_write_state_file` for `family`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No state file at {path}")
+    with safe_open(str(path), framework="pt", device="cpu" if device is None else str(device)) as file:
+        raw = (file.metadata() or {}).get(_STATE_HEADER_KEY)
+        if raw is None:
+            raise ValueError(
+                f"{path} is not a saved recurrent state: its safetensors header has no {_STATE_HEADER_KEY!r}"
+            )
+        header = json.loads(raw)
+        tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    if header.get("family") != family:
+        raise ValueError(
+            f"{path} holds a state of the {header.get('family')!r} family; this model family is {family!r}"
+        )
+    if header.get("format_version") != STATE_FILE_FORMAT_VERSION:
+        raise ValueError(
+            f"{path} was written in state file format version {header.get('format_version')!r}; this version of "
+            f"hf_recurrence reads version {STATE_FILE_FORMAT_VERSION} only"
+        )
+    return tensors, header
+
+
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._check_state_model_shape
+def _check_state_model_shape(saved: dict, expected: dict, path: str | os.PathLike) -> None:
+    """Refuse a state saved by a model of another shape (layers, heads, sizes), naming every difference."""
+    differences = [
+        f"{key}={saved.get(key)!r} (this model: {value!r})"
+        for key, value in expected.items()
+        if saved.get(key) != value
+    ]
+    if differences:
+        raise ValueError(f"{path} was saved by a model of another shape: " + ", ".join(differences))
 
 
 class RecurrentLlamaAttention(LlamaAttention):
@@ -279,6 +347,9 @@ class RecurrentLlamaState:
 
     # generate() asks every cache whether it can be compiled.
     is_compileable = False
+    # The model_type this state belongs to: what a saved state's header names, and how copies of this class (the
+    # installed one and one loaded as Hub remote code) recognise each other's states.
+    _family = "recurrent_llama"
 
     _BATCH_TENSORS = (
         "slot_valid",
@@ -456,6 +527,121 @@ class RecurrentLlamaState:
         self.overlap_embeds = _gather_slots(embeds, index, 1)
         self.overlap_valid = real.gather(1, index)
 
+    @staticmethod
+    def _config_model_shape(config: RecurrentLlamaConfig) -> dict[str, int]:
+        """The sizes of a model that a state belongs to, as a saved state records them."""
+        return {
+            "layers": config.num_hidden_layers,
+            "key_value_heads": config.num_key_value_heads,
+            "head_dim": config.head_dim,
+            "hidden_size": config.hidden_size,
+        }
+
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.save
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> None:
+        """Write the state to a safetensors file (its tensors plus a JSON header: family, format version, model shape,
+        the state's settings), to continue the text later, elsewhere, or with the model loaded as remote code.
+
+        Autograd history is not saved. Refuses to replace an existing file unless `overwrite=True`.
+        """
+        tensors, header = self._file_contents()
+        _write_state_file(path, tensors, header, overwrite)
+
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.load with RecurrentGPT2->RecurrentLlama
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike, config: RecurrentLlamaConfig, device: torch.device | str | None = None
+    ) -> "RecurrentLlamaState":
+        """Read a state written by `save()` for a model with `config`, onto `device` (default: CPU).
+
+        Refuses, naming the difference, a file of another model family, of another model shape, of another state
+        file format version, or with settings this config cannot run. The state is only meaningful with the weights
+        that produced it; that is not checked.
+        """
+        tensors, header = _read_state_file(path, config.model_type, device)
+        _check_state_model_shape(header.get("model_shape", {}), cls._config_model_shape(config), path)
+        return cls._from_file_contents(config, tensors, header, path)
+
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State._file_contents
+    def _file_contents(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """Every tensor by name and the header that lets `_from_file_contents` rebuild the state."""
+        tensors = {name: getattr(self, name) for name in self._BATCH_TENSORS}
+        for i, (key, value) in enumerate(zip(self.keys, self.values, strict=True)):
+            tensors[f"keys.{i}"], tensors[f"values.{i}"] = key, value
+        header = {
+            "family": self._family,
+            "window_size": self.window_size,
+            "window_overlap": self.window_overlap,
+            "seen_tokens": self.seen_tokens,
+            "model_shape": self._model_shape_of_tensors(),
+        }
+        return tensors, header
+
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State._model_shape_of_tensors
+    def _model_shape_of_tensors(self) -> dict[str, int]:
+        key = self.keys[0]  # (batch, key_value_heads, slots, head_dim)
+        return {
+            "layers": len(self.keys),
+            "key_value_heads": key.shape[1],
+            "head_dim": key.shape[3],
+            "hidden_size": self.h_prev.shape[1],
+        }
+
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State._from_file_contents with RecurrentGPT2->RecurrentLlama
+    @classmethod
+    def _from_file_contents(
+        cls, config: RecurrentLlamaConfig, tensors: dict[str, torch.Tensor], header: dict, source: object
+    ) -> "RecurrentLlamaState":
+        """The state that `_file_contents` described, checked tensor by tensor against a fresh one's shapes."""
+        try:
+            window_size, window_overlap = header["window_size"], header["window_overlap"]
+            batch = tensors["fill"].shape[0]
+            layers = cls._config_model_shape(config)["layers"]
+            keys = [tensors[f"keys.{i}"] for i in range(layers)]
+            values = [tensors[f"values.{i}"] for i in range(layers)]
+        except KeyError as error:
+            raise ValueError(f"{source} is not a complete recurrent state: it lacks {error}") from None
+        fill = tensors["fill"]
+        state = cls(config, batch, fill.device, keys[0].dtype, window_size=window_size, window_overlap=window_overlap)
+        slots = tensors["slot_valid"].shape[1] if "slot_valid" in tensors else 0
+        for name in cls._BATCH_TENSORS:
+            fresh = getattr(state, name)
+            given = tensors.get(name)
+            expected = (batch, slots) if name == "slot_valid" else fresh.shape
+            if given is None or given.shape != expected or given.dtype != fresh.dtype:
+                raise ValueError(
+                    f"{source} has a malformed {name!r}: expected {tuple(expected)} {fresh.dtype}, got "
+                    f"{None if given is None else (tuple(given.shape), given.dtype)}"
+                )
+            setattr(state, name, given)
+        expected_cache = (batch, state.keys[0].shape[1], slots, state.keys[0].shape[3])
+        for name, cache in (("keys", keys), ("values", values)):
+            if any(t.shape != expected_cache for t in cache):
+                raise ValueError(
+                    f"{source} has {name} of shapes {[tuple(t.shape) for t in cache]}, expected {expected_cache}"
+                )
+        state.keys, state.values = keys, values
+        state.seen_tokens = int(header.get("seen_tokens", 0))
+        return state
+
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.adopt with RecurrentGPT2->RecurrentLlama
+    @classmethod
+    def adopt(cls, state: object, config: RecurrentLlamaConfig) -> "RecurrentLlamaState":
+        """`state` as an instance of this class: itself, or a state of the same family built by another copy of this
+        class (the installed package's vs the one loaded as Hub remote code), rebuilt from its tensors (not copied)."""
+        if isinstance(state, cls):
+            return state
+        if type(state).__name__ != cls.__name__ or getattr(state, "_family", None) != cls._family:
+            raise TypeError(
+                f"past_key_values must be a {cls.__name__} returned by this model (or saved by one and read with "
+                f"{cls.__name__}.load), got {type(state).__name__}"
+            )
+        tensors, header = state._file_contents()
+        _check_state_model_shape(
+            header.get("model_shape", {}), cls._config_model_shape(config), type(state).__module__
+        )
+        return cls._from_file_contents(config, tensors, header, f"the {type(state).__module__} state")
+
     # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.__repr__ with RecurrentGPT2->RecurrentLlama
     def __repr__(self) -> str:
         return (
@@ -591,6 +777,12 @@ class RecurrentLlamaPreTrainedModel(PreTrainedModel):
             window_size=window_size,
             window_overlap=window_overlap,
         )
+
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2PreTrainedModel.load_state with RecurrentGPT2->RecurrentLlama
+    def load_state(self, path: str | os.PathLike) -> RecurrentLlamaState:
+        """A state written by `RecurrentLlamaState.save`, read onto the model's device, to pass as `past_key_values`
+        and continue the text it read (see `RecurrentLlamaState.load` for what is checked)."""
+        return RecurrentLlamaState.load(path, self.config, self.device)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -857,16 +1049,12 @@ class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
         self.config.check_model_settings()
         if past_key_values is None:
             past_key_values = RecurrentLlamaState(self.config, batch, inputs_embeds.device, inputs_embeds.dtype)
-        elif not isinstance(past_key_values, RecurrentLlamaState):
-            raise TypeError(
-                f"past_key_values must be a RecurrentLlamaState returned by this model, got "
-                f"{type(past_key_values).__name__}"
-            )
-        elif past_key_values.batch_size != batch:
-            raise ValueError(
-                f"past_key_values holds {past_key_values.batch_size} rows but the input has batch size {batch}"
-            )
         else:
+            past_key_values = RecurrentLlamaState.adopt(past_key_values, self.config)
+            if past_key_values.batch_size != batch:
+                raise ValueError(
+                    f"past_key_values holds {past_key_values.batch_size} rows but the input has batch size {batch}"
+                )
             self.config.check_window_schedule(past_key_values.window_size, past_key_values.window_overlap)
         if attention_mask is None:
             real = torch.ones(batch, length, dtype=torch.bool, device=inputs_embeds.device)

@@ -3,11 +3,16 @@
 Context"), written from the paper: segment-level recurrence with stop-gradient memories, relative sinusoidal
 positions with the u/v biases and the linear-cost relative shift. Plain softmax output tied to the input embeddings."""
 
+import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
@@ -167,6 +172,69 @@ class TransformerXLLayer(nn.Module):
         return self.ff(output), key, value, probs, memory_key_value, position_keys
 
 
+# Bumped whenever the tensors or the header of a saved state change meaning; a reader refuses other versions.
+STATE_FILE_FORMAT_VERSION = 1
+# The safetensors metadata key whose JSON value describes a saved state.
+_STATE_HEADER_KEY = "hf_recurrence_state"
+
+
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._write_state_file
+def _write_state_file(
+    path: str | os.PathLike, tensors: dict[str, torch.Tensor], header: dict, overwrite: bool
+) -> None:
+    """Write `tensors` and the JSON `header` to a safetensors file, through a temporary file so that a failed write
+    never leaves half a state behind; an existing file is replaced only with `overwrite=True`."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
+    header = {**header, "format_version": STATE_FILE_FORMAT_VERSION}
+    # safetensors refuses tensors that share memory (a fresh state repeats one empty cache tensor per layer).
+    owned = {name: t.detach().contiguous().clone() for name, t in tensors.items()}
+    partial = path.with_name(path.name + ".partial")
+    save_file(owned, str(partial), metadata={_STATE_HEADER_KEY: json.dumps(header, sort_keys=True)})
+    partial.replace(path)
+
+
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._read_state_file
+def _read_state_file(
+    path: str | os.PathLike, family: str, device: torch.device | str | None
+) -> tuple[dict[str, torch.Tensor], dict]:
+    """The tensors (on `device`) and the header of a state file written by `_write_state_file` for `family`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No state file at {path}")
+    with safe_open(str(path), framework="pt", device="cpu" if device is None else str(device)) as file:
+        raw = (file.metadata() or {}).get(_STATE_HEADER_KEY)
+        if raw is None:
+            raise ValueError(
+                f"{path} is not a saved recurrent state: its safetensors header has no {_STATE_HEADER_KEY!r}"
+            )
+        header = json.loads(raw)
+        tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    if header.get("family") != family:
+        raise ValueError(
+            f"{path} holds a state of the {header.get('family')!r} family; this model family is {family!r}"
+        )
+    if header.get("format_version") != STATE_FILE_FORMAT_VERSION:
+        raise ValueError(
+            f"{path} was written in state file format version {header.get('format_version')!r}; this version of "
+            f"hf_recurrence reads version {STATE_FILE_FORMAT_VERSION} only"
+        )
+    return tensors, header
+
+
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._check_state_model_shape
+def _check_state_model_shape(saved: dict, expected: dict, path: str | os.PathLike) -> None:
+    """Refuse a state saved by a model of another shape (layers, heads, sizes), naming every difference."""
+    differences = [
+        f"{key}={saved.get(key)!r} (this model: {value!r})"
+        for key, value in expected.items()
+        if saved.get(key) != value
+    ]
+    if differences:
+        raise ValueError(f"{path} was saved by a model of another shape: " + ", ".join(differences))
+
+
 @dataclass
 class _Memory:
     """Per-layer memory of some batch rows: hidden states entering each layer and their keys/values."""
@@ -265,6 +333,9 @@ class TransformerXLState:
 
     # generate() asks every cache whether it can be compiled.
     is_compileable = False
+    # The model_type this state belongs to: what a saved state's header names, and how copies of this class (the
+    # installed one and one loaded as Hub remote code) recognise each other's states.
+    _family = "transformer_xl"
 
     def __init__(
         self,
@@ -355,6 +426,97 @@ class TransformerXLState:
         if used < width:
             self.memory = self.memory.keep_last(used)
 
+    @staticmethod
+    def _config_model_shape(config: TransformerXLConfig) -> dict[str, int]:
+        """The sizes of a model that a state belongs to, as a saved state records them."""
+        return {"layers": config.n_layer, "heads": config.n_head, "head_dim": config.d_head, "d_model": config.d_model}
+
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.save
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> None:
+        """Write the state to a safetensors file (its tensors plus a JSON header: family, format version, model shape,
+        the state's settings), to continue the text later, elsewhere, or with the model loaded as remote code.
+
+        Autograd history is not saved. Refuses to replace an existing file unless `overwrite=True`.
+        """
+        tensors, header = self._file_contents()
+        _write_state_file(path, tensors, header, overwrite)
+
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.load with RecurrentGPT2Config->TransformerXLConfig, RecurrentGPT2State->TransformerXLState
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike, config: TransformerXLConfig, device: torch.device | str | None = None
+    ) -> "TransformerXLState":
+        """Read a state written by `save()` for a model with `config`, onto `device` (default: CPU).
+
+        Refuses, naming the difference, a file of another model family, of another model shape, of another state
+        file format version, or with settings this config cannot run. The state is only meaningful with the weights
+        that produced it; that is not checked.
+        """
+        tensors, header = _read_state_file(path, config.model_type, device)
+        _check_state_model_shape(header.get("model_shape", {}), cls._config_model_shape(config), path)
+        return cls._from_file_contents(config, tensors, header, path)
+
+    def _file_contents(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """Every tensor by name and the header that lets `_from_file_contents` rebuild the state (the position keys
+        are not saved: they depend on the weights alone and are recomputed)."""
+        tensors = {"mem_valid": self.mem_valid}
+        for i, (mem, key, value) in enumerate(zip(self.mems, self.keys, self.values, strict=True)):
+            tensors[f"mems.{i}"], tensors[f"keys.{i}"], tensors[f"values.{i}"] = mem, key, value
+        key = self.keys[0]  # (batch, head, slots, d_head)
+        model_shape = {
+            "layers": len(self.keys),
+            "heads": key.shape[1],
+            "head_dim": key.shape[3],
+            "d_model": self.mems[0].shape[2],
+        }
+        header = {"family": self._family, "seen_tokens": self.seen_tokens, "model_shape": model_shape}
+        return tensors, header
+
+    @classmethod
+    def _from_file_contents(
+        cls, config: TransformerXLConfig, tensors: dict[str, torch.Tensor], header: dict, source: object
+    ) -> "TransformerXLState":
+        """The state that `_file_contents` described, checked tensor by tensor."""
+        try:
+            valid = tensors["mem_valid"]
+            parts = [[tensors[f"{name}.{i}"] for i in range(config.n_layer)] for name in ("mems", "keys", "values")]
+        except KeyError as error:
+            raise ValueError(f"{source} is not a complete Transformer-XL state: it lacks {error}") from None
+        batch, slots = valid.shape
+        expected = {
+            "mems": (batch, slots, config.d_model),
+            "keys": (batch, config.n_head, slots, config.d_head),
+            "values": (batch, config.n_head, slots, config.d_head),
+        }
+        for (name, shape), tensors_of_layers in zip(expected.items(), parts, strict=True):
+            if valid.dtype != torch.bool or any(t.shape != shape for t in tensors_of_layers):
+                raise ValueError(
+                    f"{source} has {name} of shapes {[tuple(t.shape) for t in tensors_of_layers]} and mem_valid "
+                    f"{tuple(valid.shape)} {valid.dtype}; expected {shape} and torch.bool"
+                )
+        state = cls(config, batch, valid.device, parts[0][0].dtype)
+        state.memory = _Memory(*parts, valid)
+        state.seen_tokens = int(header.get("seen_tokens", 0))
+        return state
+
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.adopt with RecurrentGPT2Config->TransformerXLConfig, RecurrentGPT2State->TransformerXLState
+    @classmethod
+    def adopt(cls, state: object, config: TransformerXLConfig) -> "TransformerXLState":
+        """`state` as an instance of this class: itself, or a state of the same family built by another copy of this
+        class (the installed package's vs the one loaded as Hub remote code), rebuilt from its tensors (not copied)."""
+        if isinstance(state, cls):
+            return state
+        if type(state).__name__ != cls.__name__ or getattr(state, "_family", None) != cls._family:
+            raise TypeError(
+                f"past_key_values must be a {cls.__name__} returned by this model (or saved by one and read with "
+                f"{cls.__name__}.load), got {type(state).__name__}"
+            )
+        tensors, header = state._file_contents()
+        _check_state_model_shape(
+            header.get("model_shape", {}), cls._config_model_shape(config), type(state).__module__
+        )
+        return cls._from_file_contents(config, tensors, header, f"the {type(state).__module__} state")
+
     def __repr__(self) -> str:
         return (
             f"{self.__class__.__name__}(batch_size={self.batch_size}, seen_tokens={self.seen_tokens}, "
@@ -422,6 +584,12 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
     def _supports_default_dynamic_cache(cls) -> bool:
         # generate() must not hand us a DynamicCache: the model creates and returns its own TransformerXLState.
         return False
+
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2PreTrainedModel.load_state with RecurrentGPT2State->TransformerXLState
+    def load_state(self, path: str | os.PathLike) -> TransformerXLState:
+        """A state written by `TransformerXLState.save`, read onto the model's device, to pass as `past_key_values`
+        and continue the text it read (see `TransformerXLState.load` for what is checked)."""
+        return TransformerXLState.load(path, self.config, self.device)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -649,14 +817,12 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         self.config.check_segment_schedule()
         if past_key_values is None:
             past_key_values = TransformerXLState(self.config, batch, inputs_embeds.device, inputs_embeds.dtype)
-        elif not isinstance(past_key_values, TransformerXLState):
-            raise TypeError(
-                f"past_key_values must be a TransformerXLState returned by this model, got {type(past_key_values).__name__}"
-            )
-        elif past_key_values.batch_size != batch:
-            raise ValueError(
-                f"past_key_values holds {past_key_values.batch_size} rows but the input has batch size {batch}"
-            )
+        else:
+            past_key_values = TransformerXLState.adopt(past_key_values, self.config)
+            if past_key_values.batch_size != batch:
+                raise ValueError(
+                    f"past_key_values holds {past_key_values.batch_size} rows but the input has batch size {batch}"
+                )
         if attention_mask is None:
             real = torch.ones(batch, length, dtype=torch.bool, device=inputs_embeds.device)
         else:
