@@ -225,7 +225,11 @@ def _usage_section(repo_id: str, family: FamilyCard) -> str:
         f"from transformers import {family.auto_class}, pipeline\n\n"
         f'model = {family.auto_class}.from_pretrained("{repo_id}", trust_remote_code=True)\n'
         f'pipe = pipeline("{family.pipeline_tag}", model="{repo_id}", trust_remote_code=True)\n'
-        "```\n"
+        "```\n\n"
+        "The tokenizer is a standard one and needs no remote code: "
+        f'`AutoTokenizer.from_pretrained("{repo_id}", trust_remote_code=False)` loads it without asking (without '
+        "the argument, transformers first reads the model's config and asks whether to run its code, waiting 15 s "
+        "for an answer in a terminal).\n"
     )
 
 

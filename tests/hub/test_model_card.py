@@ -39,6 +39,7 @@ def assert_card_metadata(card: ModelCard, config: PreTrainedConfig, base_model: 
         name: getattr(config, name) for name in config.family_settings
     }
     assert "trust_remote_code=True" in card.text
+    assert "trust_remote_code=False)` loads it without asking" in card.text
     assert family.paper.title in card.text
 
 

@@ -617,9 +617,13 @@ class RecurrentGPT2State:
         if isinstance(state, cls):
             return state
         if type(state).__name__ != cls.__name__ or getattr(state, "_family", None) != cls._family:
+            # PEFT prefix tuning is the usual source of a transformers Cache here: it pre-fills one with its
+            # virtual tokens, which a state bounded by one window has no place for.
             raise TypeError(
                 f"past_key_values must be a {cls.__name__} returned by this model (or saved by one and read with "
-                f"{cls.__name__}.load), got {type(state).__name__}"
+                f"{cls.__name__}.load), got {type(state).__name__}. A transformers Cache cannot carry this model's "
+                "recurrent state, so PEFT prefix tuning (which passes one holding its virtual tokens) is not "
+                "supported; LoRA and prompt tuning are"
             )
         tensors, header = state._file_contents()
         _check_state_model_shape(
