@@ -93,6 +93,25 @@ def test_chunked_calls_carrying_the_state_equal_one_call(family):
     assert state.get_seq_length() == 30
 
 
+@by_family(STATEFUL_FAMILIES)
+def test_logits_to_keep_and_generate_reads_a_prompt_without_its_logits(family):
+    model = family.head()
+    ids = family.inputs(length=30)["input_ids"]
+    with torch.no_grad():
+        every = model(ids).logits
+        torch.testing.assert_close(model(ids, logits_to_keep=1).logits, every[:, -1:])
+        positions = torch.tensor([0, 17, 29])
+        torch.testing.assert_close(model(ids, logits_to_keep=positions).logits, every[:, positions])
+    with pytest.raises(ValueError, match="logits_to_keep=1 cannot be combined with labels"):
+        model(ids, labels=ids, logits_to_keep=1)
+    # generate() asks for the last position only, so a long prompt never costs its (length, vocab) logits.
+    head_inputs = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda _m, args, _o: head_inputs.append(args[0].shape))
+    model.generate(ids, max_new_tokens=3, do_sample=False)
+    hook.remove()
+    assert [shape[1] for shape in head_inputs] == [1, 1, 1]
+
+
 def _tensors(state) -> list[torch.Tensor]:
     """Every tensor the state holds, directly or in a list/tuple attribute."""
     found = []

@@ -10,10 +10,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
-from .families import FAMILIES
+from .families import STATEFUL_FAMILIES
 
 
-STATEFUL = [family for family in FAMILIES if family.stateful]
 SPLIT = 13  # inside the second window / segment of the tiny configs
 
 
@@ -49,7 +48,7 @@ def _rewrite(path, target, header: dict | None = None, drop: str | None = None) 
     save_file(tensors, str(target), metadata=metadata)
 
 
-@pytest.mark.parametrize("family", STATEFUL, ids=lambda f: f.name)
+@pytest.mark.parametrize("family", STATEFUL_FAMILIES, ids=lambda f: f.name)
 def test_continuing_from_a_loaded_state_equals_continuing_from_the_original(family, tmp_path):
     model = family.head()
     ids, mask = _padded_inputs(family)
@@ -69,7 +68,7 @@ def test_continuing_from_a_loaded_state_equals_continuing_from_the_original(fami
     assert header["seen_tokens"] == SPLIT
 
 
-@pytest.mark.parametrize("family", STATEFUL, ids=lambda f: f.name)
+@pytest.mark.parametrize("family", STATEFUL_FAMILIES, ids=lambda f: f.name)
 def test_a_fresh_state_and_a_bfloat16_state_round_trip(family, tmp_path):
     model = family.head().to(torch.bfloat16)
     ids = family.inputs()["input_ids"]
@@ -87,7 +86,7 @@ def test_a_fresh_state_and_a_bfloat16_state_round_trip(family, tmp_path):
     assert type(state).load(tmp_path / "fresh.safetensors", model.config).batch_size == 3
 
 
-@pytest.mark.parametrize("family", STATEFUL, ids=lambda f: f.name)
+@pytest.mark.parametrize("family", STATEFUL_FAMILIES, ids=lambda f: f.name)
 def test_an_existing_file_is_replaced_only_when_asked(family, tmp_path):
     model, state = _model_and_state(family)
     path = tmp_path / "state.safetensors"
@@ -100,7 +99,7 @@ def test_an_existing_file_is_replaced_only_when_asked(family, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.safetensors"]  # no temporary file left
 
 
-@pytest.mark.parametrize("family", STATEFUL, ids=lambda f: f.name)
+@pytest.mark.parametrize("family", STATEFUL_FAMILIES, ids=lambda f: f.name)
 def test_files_that_do_not_fit_the_model_are_refused(family, tmp_path):
     model, state = _model_and_state(family)
     good = tmp_path / "state.safetensors"
@@ -122,7 +121,7 @@ def test_files_that_do_not_fit_the_model_are_refused(family, tmp_path):
     with pytest.raises(ValueError, match="lacks 'keys.0'"):
         model.load_state(tmp_path / "incomplete.safetensors")
 
-    for other in STATEFUL:
+    for other in STATEFUL_FAMILIES:
         if other is not family:
             with pytest.raises(ValueError, match=rf"'{family.name}' family; this model family is '{other.name}'"):
                 other.head().load_state(good)
@@ -133,7 +132,7 @@ def test_files_that_do_not_fit_the_model_are_refused(family, tmp_path):
         deeper.load_state(good)
 
 
-@pytest.mark.parametrize("family", STATEFUL, ids=lambda f: f.name)
+@pytest.mark.parametrize("family", STATEFUL_FAMILIES, ids=lambda f: f.name)
 def test_the_installed_class_and_the_remote_code_copy_accept_each_others_states(family, tmp_path):
     model = family.head()
     model.save_pretrained(tmp_path / "checkpoint")

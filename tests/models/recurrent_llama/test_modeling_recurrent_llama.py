@@ -100,13 +100,6 @@ class TestForward:
         assert no_logits.logits is None
         torch.testing.assert_close(no_logits.loss, expected)
 
-    def test_logits_to_keep_returns_the_last_positions(self):
-        model = make_model()
-        ids = torch.randint(0, 99, (2, 20))
-        torch.testing.assert_close(model(ids, logits_to_keep=1).logits, model(ids).logits[:, -1:])
-        with pytest.raises(ValueError, match="logits_to_keep=1 cannot be combined with labels"):
-            model(ids, labels=ids, logits_to_keep=1)
-
     def test_reads_far_past_max_position_embeddings(self):
         assert make_model()(torch.randint(0, 99, (1, 500))).logits.shape == (1, 500, 99)
 

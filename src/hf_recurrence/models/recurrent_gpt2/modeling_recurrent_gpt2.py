@@ -1221,6 +1221,7 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_logits: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
         return_dict: bool | None = None,
         **kwargs,
     ) -> RecurrentGPT2CausalLMOutput:
@@ -1229,16 +1230,25 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
             input_ids, attention_mask, past_key_values, inputs_embeds, use_cache, output_hidden_states, output_attentions:
                 As in [`RecurrentGPT2Model.forward`].
             labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
-                Targets, usually `input_ids`; shifted inside the model like GPT-2's (`-100` is ignored). The loss is
-                computed window by window, so the `(tokens, vocab)` logits are never materialised for it.
+                Targets, usually `input_ids`; shifted inside the model (`-100` is ignored). The loss is computed
+                window by window, so the `(tokens, vocab)` logits are never materialised for it.
             return_logits (`bool`, *optional*):
                 Whether to return the logits. Defaults to `True` without `labels` and `False` with them.
+            logits_to_keep (`int` or `torch.Tensor`, *optional*, defaults to 0):
+                An int: return the logits of the last `logits_to_keep` positions only (0: all), as `generate()` asks
+                for when it reads a prompt, so that reading a long prompt never holds its `(length, vocab)` logits.
+                A 1D tensor: the positions to keep. Not combinable with `labels`.
             num_items_in_batch (`int` or `torch.Tensor`, *optional*):
                 Passed by `Trainer` under gradient accumulation: the loss is summed and divided by it.
             shift_labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
                 Targets already aligned with the positions that predict them (Trainer passes them under context
                 parallelism and sequence packing); used as given instead of shifting `labels`.
         """
+        keeps_some = not isinstance(logits_to_keep, int) or logits_to_keep != 0
+        if keeps_some and (labels is not None or kwargs.get("shift_labels") is not None):
+            raise ValueError(
+                f"logits_to_keep={logits_to_keep} cannot be combined with labels: the loss needs every position"
+            )
         shift_labels = self._targets(
             labels, kwargs.get("shift_labels"), input_ids if input_ids is not None else inputs_embeds
         )
@@ -1268,8 +1278,9 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
         if loss_per_window:
             loss = torch.stack(run.head_outputs()).sum()
         elif keep_logits:
-            # One head call over all positions: cheaper than concatenating per-window logits.
-            logits = self.lm_head(run.last_hidden_state())
+            kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+            # One head call over the kept positions: cheaper than concatenating per-window logits.
+            logits = self.lm_head(run.last_hidden_state()[:, kept])
             loss = self._loss(logits, shift_labels, num_items) if shift_labels is not None else None
         output = RecurrentGPT2CausalLMOutput(loss=loss, logits=logits, **run.outputs(use_cache))
         return output if return_dict is not False else output.to_tuple()

@@ -1244,6 +1244,7 @@ class RecurrentLlamaForCausalLM(RecurrentLlamaPreTrainedModel, GenerationMixin):
             "instead. Call generate() without cache_implementation; batched prompts may be left-padded"
         )
 
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2LMHeadModel.forward with RecurrentGPT2->RecurrentLlama, self.transformer->self.model
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -1255,7 +1256,7 @@ class RecurrentLlamaForCausalLM(RecurrentLlamaPreTrainedModel, GenerationMixin):
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_logits: bool | None = None,
-        logits_to_keep: int = 0,
+        logits_to_keep: int | torch.Tensor = 0,
         return_dict: bool | None = None,
         **kwargs,
     ) -> RecurrentLlamaCausalLMOutput:
@@ -1268,16 +1269,18 @@ class RecurrentLlamaForCausalLM(RecurrentLlamaPreTrainedModel, GenerationMixin):
                 window by window, so the `(tokens, vocab)` logits are never materialised for it.
             return_logits (`bool`, *optional*):
                 Whether to return the logits. Defaults to `True` without `labels` and `False` with them.
-            logits_to_keep (`int`, *optional*, defaults to 0):
-                Return the logits of the last `logits_to_keep` positions only (0: all), as `generate()` asks for
-                when it reads a prompt. Not combinable with `labels`.
+            logits_to_keep (`int` or `torch.Tensor`, *optional*, defaults to 0):
+                An int: return the logits of the last `logits_to_keep` positions only (0: all), as `generate()` asks
+                for when it reads a prompt, so that reading a long prompt never holds its `(length, vocab)` logits.
+                A 1D tensor: the positions to keep. Not combinable with `labels`.
             num_items_in_batch (`int` or `torch.Tensor`, *optional*):
                 Passed by `Trainer` under gradient accumulation: the loss is summed and divided by it.
             shift_labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
                 Targets already aligned with the positions that predict them (Trainer passes them under context
                 parallelism and sequence packing); used as given instead of shifting `labels`.
         """
-        if labels is not None and logits_to_keep:
+        keeps_some = not isinstance(logits_to_keep, int) or logits_to_keep != 0
+        if keeps_some and (labels is not None or kwargs.get("shift_labels") is not None):
             raise ValueError(
                 f"logits_to_keep={logits_to_keep} cannot be combined with labels: the loss needs every position"
             )
@@ -1310,8 +1313,9 @@ class RecurrentLlamaForCausalLM(RecurrentLlamaPreTrainedModel, GenerationMixin):
         if loss_per_window:
             loss = torch.stack(run.head_outputs()).sum()
         elif keep_logits:
+            kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             # One head call over the kept positions: cheaper than concatenating per-window logits.
-            logits = self.lm_head(run.last_hidden_state()[:, -logits_to_keep:])
+            logits = self.lm_head(run.last_hidden_state()[:, kept])
             loss = self._loss(logits, shift_labels, num_items) if shift_labels is not None else None
         output = RecurrentLlamaCausalLMOutput(loss=loss, logits=logits, **run.outputs(use_cache))
         return output if return_dict is not False else output.to_tuple()

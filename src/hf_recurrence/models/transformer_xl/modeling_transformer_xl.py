@@ -989,6 +989,7 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_logits: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
         return_dict: bool | None = None,
         **kwargs,
     ) -> TransformerXLCausalLMOutput:
@@ -1002,12 +1003,21 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
                 for it unless they are asked for.
             return_logits (`bool`, *optional*):
                 Whether to return the logits. Defaults to `True` without `labels` and `False` with them.
+            logits_to_keep (`int` or `torch.Tensor`, *optional*, defaults to 0):
+                An int: return the logits of the last `logits_to_keep` positions only (0: all), as `generate()` asks
+                for when it reads a prompt, so that reading a long prompt never holds its `(length, vocab)` logits.
+                A 1D tensor: the positions to keep. Not combinable with `labels`.
             num_items_in_batch (`int` or `torch.Tensor`, *optional*):
                 Passed by `Trainer` under gradient accumulation: the loss is summed and divided by it.
             shift_labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
                 Targets already aligned with the positions that predict them (Trainer passes them under context
                 parallelism and sequence packing); used as given instead of shifting `labels`.
         """
+        keeps_some = not isinstance(logits_to_keep, int) or logits_to_keep != 0
+        if keeps_some and (labels is not None or kwargs.get("shift_labels") is not None):
+            raise ValueError(
+                f"logits_to_keep={logits_to_keep} cannot be combined with labels: the loss needs every position"
+            )
         inputs_embeds, real, state = self.transformer._prepare(
             input_ids, attention_mask, past_key_values, inputs_embeds, kwargs
         )
@@ -1033,7 +1043,8 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
             logits, loss = None, torch.stack(segments.heads).sum()
         else:
             segments = self.transformer._forward_segments(inputs_embeds, real, state, None, None, *outputs)
-            logits = self.lm_head(segments.hidden) if keep_logits else None
+            kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+            logits = self.lm_head(segments.hidden[:, kept]) if keep_logits else None
             loss = self._loss(logits, shift_labels, num_items) if shift_labels is not None else None
         output = TransformerXLCausalLMOutput(
             loss=loss,
