@@ -51,3 +51,22 @@ def test_replacements_are_applied_and_a_missing_original_is_named(tmp_path):
     assert len(problems) == 2
     assert problems[0].endswith(f"differs from {ORIGINAL}.RecurrentGPT2State.detach with RecurrentGPT2->Other")
     assert problems[1].endswith(f"{ORIGINAL}.NoSuchThing does not exist")
+
+
+def test_fix_rewrites_a_drifted_copy_from_its_original_and_keeps_the_rest(tmp_path):
+    drifted = tmp_path / "modeling_drifted.py"
+    drifted.write_text(
+        "import torch\n\n\n"
+        "class Holder:\n"
+        f"    # Copied from {ORIGINAL}.RecurrentGPT2State.detach with RecurrentGPT2->Other\n"
+        '    def detach(self) -> "OtherState":\n'
+        "        return self\n\n"
+        "    def kept(self) -> int:\n"
+        "        return 1\n"
+    )
+    assert check_copies.fix_all(tmp_path) == 1
+    assert check_copies.check_all(tmp_path) == (1, [])
+    text = drifted.read_text()
+    assert "return self._map(torch.Tensor.detach)" in text
+    assert text.startswith("import torch\n") and text.endswith("    def kept(self) -> int:\n        return 1\n")
+    assert check_copies.fix_all(tmp_path) == 0

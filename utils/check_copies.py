@@ -9,7 +9,8 @@ families is copied, not imported; this check is what keeps the copies from drift
 and names the original by its module and qualified name; `with A->B, C->D` lists plain-text replacements applied to
 the original before comparing. The block (decorators included) must equal the original's, indentation aside.
 
-Usage: `python utils/check_copies.py` (exit status 1 and one line per drifted or broken copy).
+Usage: `python utils/check_copies.py` (exit status 1 and one line per drifted or broken copy);
+`python utils/check_copies.py --fix` rewrites every drifted copy from its original (after changing an original).
 """
 
 import ast
@@ -77,35 +78,54 @@ def _split_name(dotted: str) -> tuple[Path, str]:
     raise ValueError(f"no module file for {dotted}")
 
 
-def check_copy(copy: Copy) -> str | None:
-    """None if the copy equals its original, else what is wrong."""
+def _expected_and_block(copy: Copy) -> tuple[str | None, str, ast.AST | None, list[str]]:
+    """(what the copy should read, or None with the problem; the problem; the copied definition; the file's lines)."""
     path = copy.path.relative_to(REPO_ROOT) if copy.path.is_relative_to(REPO_ROOT) else copy.path
     where = f"{path}:{copy.line}"
     lines = copy.path.read_text().splitlines()
     # The block is the first definition starting below the marker (and its continuation comment lines).
     below = [node for _, node in _definitions(ast.parse("\n".join(lines))) if _first_line(node) > copy.line]
     if not below:
-        return f"{where}: no function or class below the `Copied from` marker"
+        return None, f"{where}: no function or class below the `Copied from` marker", None, lines
     block = min(below, key=_first_line)
     between = lines[copy.line : _first_line(block) - 1]
     if any(not line.strip().startswith("#") for line in between):
-        return f"{where}: the marker must sit directly above the copied definition"
+        return None, f"{where}: the marker must sit directly above the copied definition", None, lines
     try:
         original_path, name = _split_name(copy.original)
     except ValueError as error:
-        return f"{where}: {error}"
+        return None, f"{where}: {error}", None, lines
     original_lines = original_path.read_text().splitlines()
     originals = dict(_definitions(ast.parse("\n".join(original_lines))))
     if name not in originals:
-        return f"{where}: {copy.original} does not exist"
+        return None, f"{where}: {copy.original} does not exist", None, lines
     expected = _block(original_lines, originals[name])
     for old, new in copy.replacements:
         expected = expected.replace(old, new)
-    if _block(lines, block) != expected:
-        return f"{where}: differs from {copy.original}" + (
-            f" with {', '.join(f'{a}->{b}' for a, b in copy.replacements)}" if copy.replacements else ""
-        )
+    drift = f"{where}: differs from {copy.original}" + (
+        f" with {', '.join(f'{a}->{b}' for a, b in copy.replacements)}" if copy.replacements else ""
+    )
+    return expected, drift, block, lines
+
+
+def check_copy(copy: Copy) -> str | None:
+    """None if the copy equals its original, else what is wrong."""
+    expected, problem, block, lines = _expected_and_block(copy)
+    if expected is None or _block(lines, block) != expected:
+        return problem
     return None
+
+
+def fix_copy(copy: Copy) -> bool:
+    """Rewrite a drifted copy from its original; True if the file changed."""
+    expected, _, block, lines = _expected_and_block(copy)
+    if expected is None or _block(lines, block) == expected:
+        return False
+    first = _first_line(block)
+    indent = lines[first - 1][: len(lines[first - 1]) - len(lines[first - 1].lstrip())]
+    replacement = [indent + line if line else line for line in expected.splitlines()]
+    copy.path.write_text("\n".join([*lines[: first - 1], *replacement, *lines[block.end_lineno :]]) + "\n")
+    return True
 
 
 def _first_line(node: ast.AST) -> int:
@@ -118,7 +138,20 @@ def check_all(root: Path = MODELS) -> tuple[int, list[str]]:
     return len(copies), [problem for problem in map(check_copy, copies) if problem]
 
 
+def fix_all(root: Path = MODELS) -> int:
+    """Rewrite drifted copies until none is left (each rewrite moves the lines below it); returns how many."""
+    fixed = 0
+    while True:
+        copies = [copy for path in sorted(root.rglob("*.py")) for copy in find_copies(path)]
+        changed = next((copy for copy in copies if fix_copy(copy)), None)
+        if changed is None:
+            return fixed
+        fixed += 1
+
+
 def main() -> int:
+    if "--fix" in sys.argv[1:]:
+        print(f"{fix_all()} copies rewritten from their originals")
     count, problems = check_all()
     for problem in problems:
         print(problem)

@@ -352,6 +352,9 @@ class RecurrentGPT2State:
         self.overlap_embeds = torch.zeros(batch_size, window_overlap, config.hidden_size, device=device, dtype=dtype)
         self.overlap_valid = torch.zeros(batch_size, window_overlap, dtype=torch.bool, device=device)
         self.seen_tokens = 0
+        # (fill, window_index) shared by every row, known on the host, while no row has read padding: the schedule
+        # is then planned without reading the device. None once rows may differ.
+        self._lockstep: tuple[int, int] | None = (0, 0)
 
     # generate() asks every cache whether it can be compiled.
     is_compileable = False
@@ -392,6 +395,16 @@ class RecurrentGPT2State:
         """Number of input positions (padding included) consumed so far; what `generate` slices new tokens by."""
         return self.seen_tokens
 
+    @property
+    def lockstep(self) -> tuple[int, int] | None:
+        """`(fill, window_index)` of every row while all rows have read the same number of tokens and no padding
+        (their windows then open and close together, and the schedule is known on the host); None otherwise."""
+        return self._lockstep
+
+    def leave_lockstep(self) -> None:
+        """The rows may differ from now on (an input with padding): plan every step from the per-row tensors."""
+        self._lockstep = None
+
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "RecurrentGPT2State":
         self.keys = [fn(k) for k in self.keys]
         self.values = [fn(v) for v in self.values]
@@ -412,6 +425,7 @@ class RecurrentGPT2State:
         self.overlap_embeds = torch.zeros_like(self.overlap_embeds)
         self.overlap_valid = torch.zeros_like(self.overlap_valid)
         self.seen_tokens = 0
+        self._lockstep = (0, 0)
         return self
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "RecurrentGPT2State":
@@ -437,6 +451,8 @@ class RecurrentGPT2State:
         come; None if no row does), how many tokens those rows re-read (`window_overlap`, or 0 when none begins), and
         how many columns the step takes: as many as fit in the window of every row that has a real token to come.
         """
+        if self._lockstep is not None:
+            return self._next_step_in_lockstep(real)
         pending = real.any(1)
         starting = (self.fill == self.window_size) & pending
         if not bool(starting.any()):
@@ -447,9 +463,27 @@ class RecurrentGPT2State:
         width = int(room[pending].min()) if bool(pending.any()) else real.shape[1]
         return starting, reread, min(real.shape[1], width)
 
+    def _next_step_in_lockstep(self, real: torch.Tensor) -> tuple[torch.Tensor | None, int, int]:
+        """`next_step` from the host-known fill: every row begins a window when one does, and nothing is read from
+        the device (`real` is all True in lockstep)."""
+        fill, _ = self._lockstep
+        if fill < self.window_size:
+            return None, 0, min(real.shape[1], self.window_size - fill)
+        starting = torch.ones(self.batch_size, dtype=torch.bool, device=self.fill.device)
+        return starting, self.window_overlap, min(real.shape[1], self.window_size - self.window_overlap)
+
     def start_windows(self, starting: torch.Tensor, h_prev: torch.Tensor) -> None:
         """Begin a new window in the `starting` rows ((batch,) bool): it sees `h_prev` ((batch, hidden), the summary
         of the window they close; other rows' values are ignored) and starts with an empty cache."""
+        if self._lockstep is not None:
+            # Every row starts: no per-row selection, and the cache empties without being read.
+            self.h_prev = h_prev.to(torch.promote_types(h_prev.dtype, self.h_prev.dtype))  # as torch.where would
+            self.pooled_sum = torch.zeros_like(self.pooled_sum)
+            self.window_index = self.window_index + 1
+            self.fill = torch.zeros_like(self.fill)
+            self._empty_cache()
+            self._lockstep = (0, self._lockstep[1] + 1)
+            return
         rows = starting[:, None]
         self.h_prev = torch.where(rows, h_prev, self.h_prev)
         self.pooled_sum = torch.where(rows, torch.zeros_like(self.pooled_sum), self.pooled_sum)
@@ -487,6 +521,8 @@ class RecurrentGPT2State:
             # Padding columns occupy slots without filling windows; drop them so memory stays one window.
             self.compact()
         self.fill = self.fill + step_real.sum(1)
+        if self._lockstep is not None:
+            self._lockstep = (self._lockstep[0] + step_real.shape[1], self._lockstep[1])
         self.pooled_sum = self.pooled_sum + pooled
         self.remember_overlap(new_embeds, new_real)
         self.seen_tokens += new_real.shape[1]
@@ -498,15 +534,18 @@ class RecurrentGPT2State:
         if width == slots:
             return
         if width == 0:
-            # Fresh empty tensors: a gather or a slice would keep the dropped keys' storage alive in the autograd graph.
-            self.keys = [k.new_zeros(*k.shape[:2], 0, k.shape[3]) for k in self.keys]
-            self.values = [v.new_zeros(*v.shape[:2], 0, v.shape[3]) for v in self.values]
-            self.slot_valid = self.slot_valid.new_zeros(self.batch_size, 0)
+            self._empty_cache()
             return
         index = _right_packing_index(self.slot_valid, width)
         self.keys = [_gather_slots(k, index, 2) for k in self.keys]
         self.values = [_gather_slots(v, index, 2) for v in self.values]
         self.slot_valid = self.slot_valid.gather(1, index)
+
+    def _empty_cache(self) -> None:
+        # Fresh empty tensors: a gather or a slice would keep the dropped keys' storage alive in the autograd graph.
+        self.keys = [k.new_zeros(*k.shape[:2], 0, k.shape[3]) for k in self.keys]
+        self.values = [v.new_zeros(*v.shape[:2], 0, v.shape[3]) for v in self.values]
+        self.slot_valid = self.slot_valid.new_zeros(self.batch_size, 0)
 
     def remember_overlap(self, embeds: torch.Tensor, real: torch.Tensor) -> None:
         """Keep the embeddings of the last `window_overlap` real tokens: (batch, new, hidden), (batch, new)."""
@@ -561,6 +600,7 @@ class RecurrentGPT2State:
             "window_size": self.window_size,
             "window_overlap": self.window_overlap,
             "seen_tokens": self.seen_tokens,
+            "lockstep": self._lockstep,
             "model_shape": self._model_shape_of_tensors(),
         }
         return tensors, header
@@ -608,6 +648,16 @@ class RecurrentGPT2State:
                 )
         state.keys, state.values = keys, values
         state.seen_tokens = int(header.get("seen_tokens", 0))
+        lockstep = header.get("lockstep")
+        if lockstep is not None:
+            fill, window_index = lockstep
+            if not (bool((state.fill == fill).all()) and bool((state.window_index == window_index).all())):
+                raise ValueError(
+                    f"{source} claims every row at fill {fill} of window {window_index}, which its rows are not"
+                )
+            state._lockstep = (fill, window_index)
+        else:
+            state._lockstep = None
         return state
 
     @classmethod
@@ -729,6 +779,10 @@ class _StepSettings:
     step_head: Callable | None  # run on the new positions' final hidden states and targets (a window's loss)
     output_hidden_states: bool
     output_attentions: bool
+    # Known on the host when the rows are in lockstep (None: read from the step's tensors): whether the rows have
+    # an h_prev, and whether every column of the step is a real token.
+    uses_h_prev: bool | None = None
+    all_real: bool | None = None
 
 
 class RecurrentGPT2PreTrainedModel(PreTrainedModel):
@@ -809,17 +863,24 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         self.wte = new_embeddings
 
     def _attention_masks(
-        self, real: torch.Tensor, slot_valid: torch.Tensor, has_h_prev: torch.Tensor, dtype: torch.dtype, eager: bool
+        self,
+        real: torch.Tensor,
+        slot_valid: torch.Tensor,
+        has_h_prev: torch.Tensor,
+        dtype: torch.dtype,
+        eager: bool,
+        all_real: bool | None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Masks for the ordinary blocks and for the insertion block, (batch, 1, new, [1 +] slots + new).
 
         A query sees the valid cached slots, the real new tokens up to itself, and itself (so padding queries never
-        see an empty row); at the insertion block also `h_prev` where the row has one.
+        see an empty row); at the insertion block also `h_prev` where the row has one. `all_real`: whether every
+        column is a real token, when known on the host (None: read from `real`).
         """
         batch, new = real.shape
         slots = slot_valid.shape[1]
         plain = None
-        if eager or slots or not bool(real.all()):
+        if eager or slots or not (all_real if all_real is not None else bool(real.all())):
             causal = torch.ones(new, new, dtype=torch.bool, device=real.device).tril()
             own = torch.eye(new, dtype=torch.bool, device=real.device)
             new_part = (causal & real[:, None, :]) | own  # (batch, new, new)
@@ -859,11 +920,14 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         hidden = self.drop(embeds + self.wpe(positions))
         output_attentions = settings.output_attentions
         eager = output_attentions or self.config._attn_implementation == "eager"
-        plain_mask, inserted_mask = self._attention_masks(real, slot_valid, has_h_prev, hidden.dtype, eager)
-        use_h_prev = bool(has_h_prev.any())
-        layer_weights = self.recurrence.layer_weights()
-        real_f = real[..., None].float()
-        pooled = torch.zeros(hidden.shape[0], hidden.shape[2], device=hidden.device)
+        plain_mask, inserted_mask = self._attention_masks(
+            real, slot_valid, has_h_prev, hidden.dtype, eager, settings.all_real
+        )
+        use_h_prev = settings.uses_h_prev if settings.uses_h_prev is not None else bool(has_h_prev.any())
+        # Each layer's share of the pooled sum is one batched product: (batch, 1, cols) weights of the real columns
+        # times (batch, cols, hidden) states, accumulated into (batch, 1, hidden).
+        real_weights = self.recurrence.layer_weights()[:, None, None, None] * real.float()[None, :, None, :]
+        pooled = torch.zeros(hidden.shape[0], 1, hidden.shape[2], device=hidden.device)
         all_hidden = [hidden[:, -num_new:]] if settings.output_hidden_states else None
         attentions = [] if output_attentions else None
         key_valid = torch.cat([slot_valid, real], dim=1)  # (batch, slots + cols)
@@ -889,7 +953,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
             values.append(value)
             if i == n_layer - 1:
                 hidden = self.ln_f(hidden)
-            pooled = pooled + layer_weights[i] * (hidden.float() * real_f).sum(1)
+            pooled = torch.baddbmm(pooled, real_weights[i], hidden.float())
             if all_hidden is not None:
                 all_hidden.append(hidden[:, -num_new:])
         hidden = hidden[:, -num_new:]
@@ -898,7 +962,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
             hidden,
             keys,
             values,
-            pooled,
+            pooled[:, 0],
             tuple(all_hidden) if all_hidden else None,
             head,
             tuple(attentions) if attentions is not None else None,
@@ -930,6 +994,8 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         new one (re-reading its overlap) just before its next real token.
         """
         length = inputs_embeds.shape[1]
+        if state.lockstep is not None and not bool(real.all()):  # the call's one read of the device
+            state.leave_lockstep()
         steps = []
         start = 0
         while start < length:
@@ -941,12 +1007,15 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
             embeds, step_real = (
                 state.with_overlap(new_embeds, new_real, starting) if reread else (new_embeds, new_real)
             )
+            lockstep = state.lockstep
             settings = _StepSettings(
                 num_new=width,
                 window_size=state.window_size,
                 step_head=step_head,
                 output_hidden_states=output_hidden_states,
                 output_attentions=output_attentions,
+                uses_h_prev=None if lockstep is None else lockstep[1] > 0,
+                all_real=None if lockstep is None else True,
             )
             args = (
                 embeds,
