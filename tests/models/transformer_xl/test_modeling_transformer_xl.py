@@ -185,3 +185,21 @@ def test_config_has_aliases_and_no_position_limit():
     assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (32, 2, 2)
     assert (config.intermediate_size, config.head_dim) == (37, 16)
     assert not hasattr(config, "max_position_embeddings")
+
+
+def test_sdpa_equals_eager_attention_with_memory_and_padding():
+    sdpa = make_model()
+    eager = TransformerXLLMHeadModel(tiny_transformer_xl_config(attn_implementation="eager")).eval()
+    eager.load_state_dict(sdpa.state_dict())
+    assert (sdpa.config._attn_implementation, eager.config._attn_implementation) == ("sdpa", "eager")
+    ids = torch.randint(1, 99, (2, 30))
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0
+    with torch.no_grad():
+        fused = run_chunks(sdpa, ids, [16])[0]
+        explicit = run_chunks(eager, ids, [16])[0]
+        torch.testing.assert_close(fused, explicit)
+        padded = sdpa(ids, attention_mask=mask)
+        torch.testing.assert_close(padded.logits, eager(ids, attention_mask=mask).logits)
+        # Weights asked for are computed explicitly whatever the implementation.
+        assert sdpa(ids, output_attentions=True).attentions[0].shape == (2, 2, 30, 6 + 8)

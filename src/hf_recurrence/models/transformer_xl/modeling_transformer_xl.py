@@ -63,6 +63,7 @@ class TransformerXLRelAttention(nn.Module):
 
     def __init__(self, config: TransformerXLConfig):
         super().__init__()
+        self.config = config  # read at every call: the attention implementation may be switched after loading
         self.n_head, self.d_head = config.n_head, config.d_head
         self.pre_lnorm = config.pre_lnorm
         inner = config.n_head * config.d_head
@@ -99,26 +100,39 @@ class TransformerXLRelAttention(nn.Module):
         allowed: torch.Tensor,
         r_w_bias: torch.Tensor | None,
         r_r_bias: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """hidden_states: (batch, q, d_model); memory keys/values: (batch, head, slots, d_head); position_keys:
         (head, slots + q, d_head) for distances `slots + q - 1` down to 0; allowed: (batch, 1, q, slots + q) bool; u and
         v (head, d_head) when shared by all layers, None to use this layer's own.
-        Returns the layer output, the new positions' keys and values, and the attention weights (batch, head, q,
-        slots + q)."""
+        Returns the layer output, the keys and values of memory and segment together (batch, head, slots + q, d_head),
+        whose last slots become the next memory's, and the attention weights (batch, head, q, slots + q) when
+        `output_attentions` (else None: with SDPA they are never materialised)."""
         if r_w_bias is None:
             r_w_bias, r_r_bias = self.r_w_bias, self.r_r_bias
         x = self.layer_norm(hidden_states) if self.pre_lnorm else hidden_states
         query, key, value = (self._heads(t) for t in self.qkv_net(x).chunk(3, dim=-1))
         keys = torch.cat([memory_key_value[0], key], dim=2)  # (batch, head, klen, d_head)
         values = torch.cat([memory_key_value[1], value], dim=2)
-        content = (query + r_w_bias[:, None]) @ keys.transpose(-1, -2)  # (batch, head, q, klen): terms (a) + (c)
         position = relative_shift((query + r_r_bias[:, None]) @ position_keys.transpose(-1, -2))  # terms (b) + (d)
-        scores = (content + position) * self.scale
-        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-        probs = self.dropatt(torch.softmax(scores, dim=-1))
-        attended = (probs @ values).transpose(1, 2).reshape(*hidden_states.shape[:2], -1)  # (batch, q, head * d_head)
+        if output_attentions or self.config._attn_implementation == "eager":
+            content = (query + r_w_bias[:, None]) @ keys.transpose(-1, -2)  # (batch, head, q, klen): terms (a) + (c)
+            scores = (content + position) * self.scale
+            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+            probs = self.dropatt(torch.softmax(scores, dim=-1))
+            attended = probs @ values
+        else:
+            # The position terms and the mask as an additive bias: the content scores, softmax and weighted sum run
+            # fused, and the (q, klen) weights are never materialised.
+            bias = (position * self.scale).masked_fill(~allowed, torch.finfo(position.dtype).min)
+            dropout = self.dropatt.p if self.training else 0.0
+            attended = nn.functional.scaled_dot_product_attention(
+                query + r_w_bias[:, None], keys, values, attn_mask=bias, dropout_p=dropout, scale=self.scale
+            )
+            probs = None
+        attended = attended.transpose(1, 2).reshape(*hidden_states.shape[:2], -1)  # (batch, q, head * d_head)
         output = hidden_states + self.drop(self.o_net(attended))
-        return (output if self.pre_lnorm else self.layer_norm(output)), key, value, probs
+        return (output if self.pre_lnorm else self.layer_norm(output)), keys, values, probs
 
 
 class TransformerXLFeedForward(nn.Module):
@@ -152,24 +166,25 @@ class TransformerXLLayer(nn.Module):
         allowed: torch.Tensor,
         r_w_bias: torch.Tensor | None,
         r_r_bias: torch.Tensor | None,
+        output_attentions: bool = False,
     ) -> tuple[torch.Tensor, ...]:
         """hidden_states: (rows, q, d_model); memory: (rows, slots, d_model) hidden states with their keys/values
         when cached (else None: recomputed); encodings: (distances, d_model) for distances `distances - 1` down to 0,
         or the layer's position keys computed from them earlier, (head, distances, d_head). What is not given is
         computed here, inside the layer's forward, where FSDP2 has gathered the layer's weights.
 
-        Returns the output, the segment's keys and values, the attention weights (rows, head, q, slots + q), the
-        memory's keys and values, and the position keys."""
+        Returns the output, the keys and values of memory and segment (rows, head, slots + q, d_head), the attention
+        weights (rows, head, q, slots + q), and the position keys."""
         if memory_key_value is None:
             memory_key_value = self.attn.key_value(memory)
         if position_keys is None:
             position_keys = self.attn.position_keys(encodings)
         klen = memory.shape[1] + hidden_states.shape[1]
         segment_position_keys = _last_slots(position_keys, klen, 1)  # distances klen - 1 .. 0
-        output, key, value, probs = self.attn(
-            hidden_states, memory_key_value, segment_position_keys, allowed, r_w_bias, r_r_bias
+        output, keys, values, probs = self.attn(
+            hidden_states, memory_key_value, segment_position_keys, allowed, r_w_bias, r_r_bias, output_attentions
         )
-        return self.ff(output), key, value, probs, memory_key_value, position_keys
+        return self.ff(output), keys, values, probs, position_keys
 
 
 # Bumped whenever the tensors or the header of a saved state change meaning; a reader refuses other versions.
@@ -583,6 +598,8 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = False
     _no_split_modules = ["TransformerXLLayer"]
     _is_stateful = True
+    # SDPA runs the content scores, softmax and weighted sum fused, the relative-position terms given as its bias.
+    _supports_sdpa = True
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -691,14 +708,21 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
             if states is not None:
                 states.append(hidden)
             cached_kv = None if recompute else (memory.keys[i], memory.values[i])
-            output, key, value, probs, memory_kv, position_keys[i] = layer(
-                hidden, memory.mems[i], cached_kv, encodings, position_keys[i], allowed, *self._shared_biases()
+            output, layer_keys, layer_values, probs, position_keys[i] = layer(
+                hidden,
+                memory.mems[i],
+                cached_kv,
+                encodings,
+                position_keys[i],
+                allowed,
+                *self._shared_biases(),
+                output_attentions,
             )
             if attentions is not None:
                 attentions.append(distance_attentions(probs, slots, width))
             mems.append(_last_slots(torch.cat([memory.mems[i], hidden], dim=1), keep, 1).detach())
-            keys.append(_last_slots(torch.cat([memory_kv[0], key], dim=2), keep, 2).detach())
-            values.append(_last_slots(torch.cat([memory_kv[1], value], dim=2), keep, 2).detach())
+            keys.append(_last_slots(layer_keys, keep, 2).detach())
+            values.append(_last_slots(layer_values, keep, 2).detach())
             hidden = output
         if self.ln_f is not None:
             hidden = self.ln_f(hidden)
