@@ -174,7 +174,7 @@ class TestForward:
     @pytest.mark.parametrize(
         ("kwargs", "error", "match"),
         [
-            ({"position_ids": torch.zeros(1, 5, dtype=torch.long)}, ValueError, "position_ids"),
+            ({"position_ids": torch.tensor([[0, 1, 3, 4, 5]])}, ValueError, "position 3 follows 1"),
             ({"attention_mask": torch.ones(1, 3)}, ValueError, "attention_mask"),
             ({"past_key_values": object()}, TypeError, "RecurrentLlamaState"),
         ],

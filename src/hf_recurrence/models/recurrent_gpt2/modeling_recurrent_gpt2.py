@@ -140,6 +140,56 @@ def _check_state_model_shape(saved: dict, expected: dict, path: str | os.PathLik
         raise ValueError(f"{path} was saved by a model of another shape: " + ", ".join(differences))
 
 
+def _document_starts(position_ids: torch.Tensor | None, real: torch.Tensor, continuing: bool) -> torch.Tensor | None:
+    """Where packed documents begin, read from `position_ids` (batch, length) as TRL's and transformers' packing
+    collators write them: positions count up by one inside a document and restart at 0 where the next one begins.
+
+    real: (batch, length) bool, True at real tokens (the positions of padding are not read). continuing: whether the
+    rows already hold text from earlier calls (a state was passed); then a row's first position may be anything
+    (the row's text goes on) or 0 (a new document). Returns (batch, length) bool, True at the real tokens that start
+    a document after earlier text of their row, or None when there is no such token (plain positions 0, 1, ...).
+    """
+    if position_ids is None:
+        return None
+    batch, length = real.shape
+    if position_ids.dim() != 2 or position_ids.shape[0] not in (1, batch) or position_ids.shape[1] != length:
+        raise ValueError(
+            f"position_ids must be (batch, length) like the input, or (1, length); got shape "
+            f"{tuple(position_ids.shape)} for input of shape {(batch, length)}"
+        )
+    positions = position_ids.to(real.device).expand(batch, length)
+    columns = torch.arange(length, device=real.device)
+    # The latest real column before each column, -1 where there is none: padding is skipped, not counted.
+    latest = torch.where(real, columns, -1).cummax(1).values  # (batch, length)
+    previous = nn.functional.pad(latest[:, :-1], (1, 0), value=-1)
+    has_previous = previous >= 0
+    follows = has_previous & (positions == positions.gather(1, previous.clamp(min=0)) + 1)
+    restarts = positions == 0
+    bad = real & ~restarts & ~follows & (has_previous | (not continuing))
+    if bool(bad.any()):
+        row, column = (int(i) for i in bad.nonzero()[0])
+        if has_previous[row, column]:
+            problem = f"position {int(positions[row, column])} follows {int(positions[row, previous[row, column]])}"
+        else:
+            problem = f"the row's first position is {int(positions[row, column])} but no past_key_values continue it"
+        raise ValueError(
+            "position_ids must count up by one within each packed document and restart at 0 where the next one "
+            f"begins; at row {row}, column {column}, {problem}"
+        )
+    starts = real & restarts & (has_previous | continuing)
+    return starts if bool(starts.any()) else None
+
+
+def _drop_cross_document_targets(targets: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
+    """(batch, length) shifted targets without those of the positions followed by a document start (position 0): the
+    last token of a packed document does not predict the first token of the next."""
+    if position_ids is None or position_ids.shape[-1] != targets.shape[-1]:
+        # A misshapen position_ids is reported by the backbone's input checks.
+        return targets
+    next_starts = nn.functional.pad(position_ids[..., 1:] == 0, (0, 1), value=False)  # ([batch,] length)
+    return targets.masked_fill(next_starts.to(targets.device), -100)
+
+
 class RecurrentGPT2Attention(nn.Module):
     """GPT-2 self-attention whose keys/values are `[h_prev] + cached window + new tokens`."""
 
@@ -491,6 +541,15 @@ class RecurrentGPT2State:
         self.fill = torch.where(starting, torch.zeros_like(self.fill), self.fill)
         self.slot_valid = self.slot_valid & ~rows
         self.compact()
+
+    def begin_documents(self, rows: torch.Tensor) -> None:
+        """Forget the text of the `rows` ((batch,) bool): their next token starts a new document in a first window
+        without `h_prev` or overlap to re-read, as in a new state (a boundary of packed sequences)."""
+        # These rows no longer read in step with the others.
+        self.leave_lockstep()
+        self.start_windows(rows, torch.zeros_like(self.h_prev))
+        self.window_index = self.window_index.masked_fill(rows, 0)
+        self.overlap_valid = self.overlap_valid & ~rows[:, None]
 
     def with_overlap(
         self, embeds: torch.Tensor, real: torch.Tensor, starting: torch.Tensor
@@ -982,6 +1041,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         self,
         inputs_embeds: torch.Tensor,
         real: torch.Tensor,
+        document_starts: torch.Tensor | None,
         state: RecurrentGPT2State,
         step_targets: torch.Tensor | None,
         step_head: Callable | None,
@@ -991,17 +1051,25 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         """Feed (batch, length, hidden) embeddings through the state's window schedule, advancing it in place.
 
         Each step covers columns that stay inside every row's current window; a row whose window is full begins a
-        new one (re-reading its overlap) just before its next real token.
+        new one (re-reading its overlap) just before its next real token. At the `document_starts` ((batch, length)
+        bool, packed sequences) a row forgets its text, so each document is read as if alone from a new state.
         """
         length = inputs_embeds.shape[1]
         if state.lockstep is not None and not bool(real.all()):  # the call's one read of the device
             state.leave_lockstep()
+        # Steps also begin at every column where some row starts a document, so that no step spans two documents.
+        boundaries = [] if document_starts is None else document_starts.any(0).nonzero()[:, 0].tolist()
+        boundaries.append(length)
         steps = []
         start = 0
         while start < length:
+            if start == boundaries[0]:
+                boundaries.pop(0)
+                state.begin_documents(document_starts[:, start])
             starting, reread, width = state.next_step(real[:, start:])
             if starting is not None:
                 state.start_windows(starting, self._next_h_prev(state))
+            width = min(width, boundaries[0] - start)
             stop = start + width
             new_embeds, new_real = inputs_embeds[:, start:stop], real[:, start:stop]
             embeds, step_real = (
@@ -1057,10 +1125,19 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         labels) and under gradient checkpointing, which recomputes them per window. With plain autograd every
         window's logits stay alive for backward either way.
         """
-        inputs_embeds, real, state = self._prepare(input_ids, attention_mask, past_key_values, inputs_embeds, kwargs)
+        inputs_embeds, real, document_starts, state = self._prepare(
+            input_ids, attention_mask, past_key_values, inputs_embeds, kwargs
+        )
         output_hidden_states, output_attentions = self._output_flags(output_hidden_states, output_attentions)
         steps = self._forward_windows(
-            inputs_embeds, real, state, step_targets, step_head, output_hidden_states, output_attentions
+            inputs_embeds,
+            real,
+            document_starts,
+            state,
+            step_targets,
+            step_head,
+            output_hidden_states,
+            output_attentions,
         )
         return _WindowsRun(state, steps, output_hidden_states, output_attentions)
 
@@ -1071,14 +1148,9 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         past_key_values: RecurrentGPT2State | None,
         inputs_embeds: torch.Tensor | None,
         kwargs: dict,
-    ) -> tuple[torch.Tensor, torch.Tensor, RecurrentGPT2State]:
-        """Validate the inputs; return the new positions' embeddings, their real-token mask and the state."""
-        # No position_ids parameter in forward(), so that generate() does not build any for us.
-        if kwargs.get("position_ids") is not None:
-            raise ValueError(
-                "position_ids cannot be passed to the recurrent GPT-2: positions restart at 0 in every window and "
-                "are derived from the window schedule"
-            )
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, RecurrentGPT2State]:
+        """Validate the inputs; return the new positions' embeddings, their real-token mask, where packed documents
+        start (from `position_ids`, see `_document_starts`) and the state."""
         if kwargs.get("token_type_ids") is not None:
             raise ValueError("token_type_ids are not supported by the recurrent GPT-2")
         if (input_ids is None) == (inputs_embeds is None):
@@ -1111,7 +1183,11 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
                     f"{(batch, length)}"
                 )
             real = attention_mask[:, -length:].to(device=inputs_embeds.device, dtype=torch.bool)
-        return inputs_embeds, real, past_key_values
+        continuing = past_key_values.get_seq_length() > 0
+        # Positions themselves restart in every window and come from the window schedule (so forward() has no
+        # position_ids parameter, and generate() builds none); given ones only mark where packed documents start.
+        document_starts = _document_starts(kwargs.get("position_ids"), real, continuing)
+        return inputs_embeds, real, document_starts, past_key_values
 
     def forward(
         self,
@@ -1138,6 +1214,14 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
                 that window schedule instead of the config's; the schedule always comes from the state.
             inputs_embeds (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`, *optional*):
                 Token embeddings instead of `input_ids`.
+            position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+                Only marks packed documents (the positions themselves restart in every window): positions count up by
+                one within a document and restart at 0 where the next one begins, as TRL's `SFTTrainer(packing=True)`
+                writes them. Each document is then read exactly as if alone from a new state (its windows start at its
+                first token), and the returned state is that of each row's last document. With `past_key_values`, a row
+                whose first position is not 0 continues the state's text. Plain `0, 1, ...` change nothing; positions
+                at padding are not read; `(1, sequence_length)` applies to every row. Any other sequence raises a
+                `ValueError`.
             use_cache (`bool`, *optional*, defaults to `True`):
                 Whether to return the state. `config.use_cache` is not consulted: `Trainer` switches it off for
                 training, and a recurrent model's state is part of its result.
@@ -1231,11 +1315,16 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
         return self.lm_head
 
     def _targets(
-        self, labels: torch.Tensor | None, shift_labels: torch.Tensor | None, inputs: torch.Tensor | None
+        self,
+        labels: torch.Tensor | None,
+        shift_labels: torch.Tensor | None,
+        inputs: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
     ) -> torch.Tensor | None:
         """(batch, length) target of every new position, -100 where none: `shift_labels` as given (Trainer passes
-        pre-shifted targets under context parallelism and sequence packing), else `labels` shifted left by one.
-        `inputs`: the input ids or embeddings, whose (batch, length) the targets must have."""
+        pre-shifted targets under context parallelism and sequence packing), else `labels` shifted left by one; none
+        at the last token of a packed document (`position_ids`). `inputs`: the input ids or embeddings, whose
+        (batch, length) the targets must have."""
         targets = shift_labels
         if targets is None:
             if labels is None:
@@ -1248,7 +1337,7 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
             raise ValueError(
                 f"{given} must have the input's shape {tuple(inputs.shape[:2])}, got {tuple(targets.shape)}"
             )
-        return targets.to(inputs.device)
+        return _drop_cross_document_targets(targets.to(inputs.device), position_ids)
 
     def _loss(self, logits: torch.Tensor, shift_labels: torch.Tensor, num_items: torch.Tensor | int) -> torch.Tensor:
         """Summed cross-entropy of already shifted labels, divided by the item count of the whole input."""
@@ -1296,11 +1385,12 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
     ) -> RecurrentGPT2CausalLMOutput:
         r"""
         Args:
-            input_ids, attention_mask, past_key_values, inputs_embeds, use_cache, output_hidden_states, output_attentions:
+            input_ids, attention_mask, past_key_values, inputs_embeds, position_ids, use_cache, output_hidden_states, output_attentions:
                 As in [`RecurrentGPT2Model.forward`].
             labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
                 Targets, usually `input_ids`; shifted inside the model (`-100` is ignored). The loss is computed
-                window by window, so the `(tokens, vocab)` logits are never materialised for it.
+                window by window, so the `(tokens, vocab)` logits are never materialised for it. With packed
+                `position_ids`, the last token of a document predicts nothing (not the next document's first token).
             return_logits (`bool`, *optional*):
                 Whether to return the logits. Defaults to `True` without `labels` and `False` with them.
             logits_to_keep (`int` or `torch.Tensor`, *optional*, defaults to 0):
@@ -1319,7 +1409,10 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
                 f"logits_to_keep={logits_to_keep} cannot be combined with labels: the loss needs every position"
             )
         shift_labels = self._targets(
-            labels, kwargs.get("shift_labels"), input_ids if input_ids is not None else inputs_embeds
+            labels,
+            kwargs.get("shift_labels"),
+            input_ids if input_ids is not None else inputs_embeds,
+            kwargs.get("position_ids"),
         )
         keep_logits = shift_labels is None if return_logits is None else return_logits
         num_items = None

@@ -58,6 +58,58 @@ def distance_attentions(probs: torch.Tensor, slots: int, width: int) -> torch.Te
     return gathered * (key >= 0).to(probs.dtype)
 
 
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._document_starts
+def _document_starts(position_ids: torch.Tensor | None, real: torch.Tensor, continuing: bool) -> torch.Tensor | None:
+    """Where packed documents begin, read from `position_ids` (batch, length) as TRL's and transformers' packing
+    collators write them: positions count up by one inside a document and restart at 0 where the next one begins.
+
+    real: (batch, length) bool, True at real tokens (the positions of padding are not read). continuing: whether the
+    rows already hold text from earlier calls (a state was passed); then a row's first position may be anything
+    (the row's text goes on) or 0 (a new document). Returns (batch, length) bool, True at the real tokens that start
+    a document after earlier text of their row, or None when there is no such token (plain positions 0, 1, ...).
+    """
+    if position_ids is None:
+        return None
+    batch, length = real.shape
+    if position_ids.dim() != 2 or position_ids.shape[0] not in (1, batch) or position_ids.shape[1] != length:
+        raise ValueError(
+            f"position_ids must be (batch, length) like the input, or (1, length); got shape "
+            f"{tuple(position_ids.shape)} for input of shape {(batch, length)}"
+        )
+    positions = position_ids.to(real.device).expand(batch, length)
+    columns = torch.arange(length, device=real.device)
+    # The latest real column before each column, -1 where there is none: padding is skipped, not counted.
+    latest = torch.where(real, columns, -1).cummax(1).values  # (batch, length)
+    previous = nn.functional.pad(latest[:, :-1], (1, 0), value=-1)
+    has_previous = previous >= 0
+    follows = has_previous & (positions == positions.gather(1, previous.clamp(min=0)) + 1)
+    restarts = positions == 0
+    bad = real & ~restarts & ~follows & (has_previous | (not continuing))
+    if bool(bad.any()):
+        row, column = (int(i) for i in bad.nonzero()[0])
+        if has_previous[row, column]:
+            problem = f"position {int(positions[row, column])} follows {int(positions[row, previous[row, column]])}"
+        else:
+            problem = f"the row's first position is {int(positions[row, column])} but no past_key_values continue it"
+        raise ValueError(
+            "position_ids must count up by one within each packed document and restart at 0 where the next one "
+            f"begins; at row {row}, column {column}, {problem}"
+        )
+    starts = real & restarts & (has_previous | continuing)
+    return starts if bool(starts.any()) else None
+
+
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._drop_cross_document_targets
+def _drop_cross_document_targets(targets: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
+    """(batch, length) shifted targets without those of the positions followed by a document start (position 0): the
+    last token of a packed document does not predict the first token of the next."""
+    if position_ids is None or position_ids.shape[-1] != targets.shape[-1]:
+        # A misshapen position_ids is reported by the backbone's input checks.
+        return targets
+    next_starts = nn.functional.pad(position_ids[..., 1:] == 0, (0, 1), value=False)  # ([batch,] length)
+    return targets.masked_fill(next_starts.to(targets.device), -100)
+
+
 class TransformerXLRelAttention(nn.Module):
     """Multi-head attention with relative position scores: (a)+(c) content terms via u, (b)+(d) position terms via v."""
 
@@ -274,6 +326,10 @@ class _Memory:
         """The last `keep` slots of every tensor."""
         return self.map(lambda t: _last_slots(t, keep, _slot_dim(t)))
 
+    def forget(self, rows: torch.Tensor) -> "_Memory":
+        """The same memory with no valid slot in the `rows` ((rows,) bool), which then read as if from a new state."""
+        return _Memory(self.mems, self.keys, self.values, self.valid & ~rows[:, None].to(self.valid.device))
+
 
 def _slot_dim(tensor: torch.Tensor) -> int:
     """Slots are dim 2 of (batch, head, slots, d_head) keys/values, dim 1 of memories and validity masks."""
@@ -287,6 +343,41 @@ def _place(full: torch.Tensor, rows: torch.Tensor | None, cols: torch.Tensor | N
         return values
     full[rows[:, None], cols] = values
     return full
+
+
+@dataclass
+class _Runs:
+    """Runs of tokens of the same length, each read as one sequence: a row's real tokens, or a packed document of
+    them. `rows` None stands for every row, all its columns (no padding, no packing)."""
+
+    rows: torch.Tensor | None  # (runs,) the row each run is from
+    cols: torch.Tensor | None  # (runs, count) its columns, in order
+    fresh: torch.Tensor | None  # (runs,) bool: the run starts a document, so it reads without the row's memory
+    last: torch.Tensor | None  # (runs,) bool: the run is its row's last, whose memory the state keeps
+
+
+def _group_runs(real: torch.Tensor, document_starts: torch.Tensor | None) -> list[_Runs]:
+    """Split each row's real tokens ((batch, length) bool) at the `document_starts` ((batch, length) bool or None)
+    into runs, grouped by length so that each group reads together."""
+    if document_starts is None and bool(real.all()):
+        return [_Runs(None, None, None, None)]
+    run_starts = real & (real.cumsum(1) == 1)  # (batch, length): each row's first real token
+    if document_starts is not None:
+        run_starts = run_starts | document_starts
+    # Row-major order, so that the tokens of a run are consecutive and the runs of a row follow one another.
+    token_rows, token_cols = real.nonzero(as_tuple=True)  # (tokens,) each
+    offsets = run_starts[token_rows, token_cols].nonzero()[:, 0]  # (runs,) index of each run's first token
+    counts = torch.diff(offsets, append=offsets.new_tensor([len(token_rows)]))
+    rows, first_cols = token_rows[offsets], token_cols[offsets]
+    fresh = torch.zeros_like(rows, dtype=torch.bool) if document_starts is None else document_starts[rows, first_cols]
+    last = torch.ones_like(fresh)
+    last[:-1] = rows[1:] != rows[:-1]
+    groups = []
+    for count in counts.unique().tolist():
+        pick = (counts == count).nonzero()[:, 0]
+        cols = token_cols[offsets[pick, None] + torch.arange(count, device=offsets.device)]  # (runs, count)
+        groups.append(_Runs(rows[pick], cols, fresh[pick], last[pick]))
+    return groups
 
 
 @dataclass
@@ -736,6 +827,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         self,
         embeds: torch.Tensor,
         real: torch.Tensor,
+        document_starts: torch.Tensor | None,
         state: TransformerXLState,
         shift_labels: torch.Tensor | None = None,
         segment_head: Callable | None = None,
@@ -744,9 +836,10 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
     ) -> _SegmentsOutput:
         """Run (batch, length, d_model) embeddings segment by segment, advancing `state` in place.
 
-        Each row reads only its real tokens, as if its padding were not there: rows with the same number of real
-        tokens are gathered and run together, so segment boundaries and relative distances are those of the row
-        alone. Every per-position result is zero at padding.
+        Each row reads only its real tokens, as if its padding were not there, and each packed document
+        (`document_starts`, (batch, length) bool) as if alone from a new state: runs of the same length are gathered
+        and read together, so segment boundaries and relative distances are those of the run alone. The state keeps
+        the memory of each row's last run. Every per-position result is zero at padding.
         """
         batch, length = real.shape
         mem_len, segment_length = self.config.mem_len, self.config.segment_length
@@ -765,19 +858,13 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         ]
         heads = []
         embeds = embeds * math.sqrt(self.config.d_model)
-        if bool(real.all()):
-            groups = [(None, None)]
-        else:
-            counts = real.sum(1)
-            groups = []
-            for count in counts.unique().tolist():
-                if count:
-                    rows = (counts == count).nonzero()[:, 0]
-                    groups.append((rows, real[rows].nonzero()[:, 1].view(len(rows), count)))
-        for rows, cols in groups:
+        # Every run starts from the memory its row had before the call, whatever the state keeps meanwhile.
+        initial = state.memory
+        for runs in _group_runs(real, document_starts):
+            rows, cols = runs.rows, runs.cols
             group_embeds = embeds if rows is None else embeds[rows[:, None], cols]
             group_labels = shift_labels if rows is None or shift_labels is None else shift_labels[rows[:, None], cols]
-            memory = state.memory if rows is None else state.memory.select(rows)
+            memory = initial if rows is None else initial.select(rows).forget(runs.fresh)
             hidden, states, attentions = [], [], []
             for start in range(0, group_embeds.shape[1], segment_length):
                 stop = start + segment_length
@@ -795,7 +882,11 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
                     hidden.append(segment_hidden)
                 states.append(segment_states)
                 attentions.append(segment_attentions)
-            state.update_rows(rows, memory)
+            if rows is None:
+                state.update_rows(None, memory)
+            else:
+                kept = runs.last.nonzero()[:, 0]
+                state.update_rows(rows[kept], memory.select(kept))
             if outputs is not None:
                 outputs = _place(outputs, rows, cols, torch.cat(hidden, dim=1))
             if output_hidden_states:
@@ -825,13 +916,13 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         past_key_values: TransformerXLState | None,
         inputs_embeds: torch.Tensor | None,
         kwargs: dict,
-    ) -> tuple[torch.Tensor, torch.Tensor, TransformerXLState]:
-        """Validate the inputs; return the new positions' embeddings, their real-token mask and the state."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, TransformerXLState]:
+        """Validate the inputs; return the new positions' embeddings, their real-token mask, where packed documents
+        start (from `position_ids`, see `_document_starts`) and the state."""
         # Adapted from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2Model._prepare: model
         # folders must stay self-contained, so the shared input contract is restated here.
-        for name in ("position_ids", "token_type_ids"):
-            if kwargs.get(name) is not None:
-                raise ValueError(f"{name} cannot be passed to Transformer-XL (positions are relative)")
+        if kwargs.get("token_type_ids") is not None:
+            raise ValueError("token_type_ids cannot be passed to Transformer-XL")
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
@@ -861,7 +952,10 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
                     f"{(batch, length)}"
                 )
             real = attention_mask[:, -length:].to(device=inputs_embeds.device, dtype=torch.bool)
-        return inputs_embeds, real, past_key_values
+        continuing = past_key_values.get_seq_length() > 0
+        # Positions are relative, so given ones only mark where packed documents start.
+        document_starts = _document_starts(kwargs.get("position_ids"), real, continuing)
+        return inputs_embeds, real, document_starts, past_key_values
 
     def forward(
         self,
@@ -888,6 +982,13 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
                 multiples of `segment_length` (the one-shot forward would have cut the segments there too).
             inputs_embeds (`torch.FloatTensor` of shape `(batch_size, sequence_length, d_model)`, *optional*):
                 Token embeddings (before the `sqrt(d_model)` scaling) instead of `input_ids`.
+            position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+                Only marks packed documents (positions are relative): positions count up by one within a document and
+                restart at 0 where the next one begins, as TRL's `SFTTrainer(packing=True)` writes them. Each document
+                is then read exactly as if alone from a new state (its segments start at its first token), and the
+                returned state is that of each row's last document. With `past_key_values`, a row whose first position
+                is not 0 continues the state's text. Plain `0, 1, ...` change nothing; positions at padding are not
+                read; `(1, sequence_length)` applies to every row. Any other sequence raises a `ValueError`.
             use_cache (`bool`, *optional*, defaults to `True`):
                 Whether to return the state. `config.use_cache` is not consulted: `Trainer` switches it off, and a
                 recurrent model's state is part of its result.
@@ -897,10 +998,17 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
                 Whether to return every layer's attention weights, indexed by distance (see
                 [`TransformerXLModelOutput`]).
         """
-        inputs_embeds, real, state = self._prepare(input_ids, attention_mask, past_key_values, inputs_embeds, kwargs)
+        inputs_embeds, real, document_starts, state = self._prepare(
+            input_ids, attention_mask, past_key_values, inputs_embeds, kwargs
+        )
         output_hidden_states, output_attentions = self._output_flags(output_hidden_states, output_attentions)
         segments = self._forward_segments(
-            inputs_embeds, real, state, output_hidden_states=output_hidden_states, output_attentions=output_attentions
+            inputs_embeds,
+            real,
+            document_starts,
+            state,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
         )
         output = TransformerXLModelOutput(
             last_hidden_state=segments.hidden,
@@ -979,10 +1087,15 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
     # Adapted from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2LMHeadModel._targets (this
     # model also masks padding, which it removes before reading segments).
     def _targets(
-        self, labels: torch.Tensor | None, shift_labels: torch.Tensor | None, real: torch.Tensor
+        self,
+        labels: torch.Tensor | None,
+        shift_labels: torch.Tensor | None,
+        real: torch.Tensor,
+        position_ids: torch.Tensor | None,
     ) -> torch.Tensor | None:
         """(batch, length) target of every new position, -100 where none: `shift_labels` as given (Trainer passes
-        pre-shifted targets under context parallelism and sequence packing), else `labels` shifted left by one."""
+        pre-shifted targets under context parallelism and sequence packing), else `labels` shifted left by one; none
+        at the last token of a packed document (`position_ids`)."""
         targets = shift_labels
         if targets is None:
             if labels is None:
@@ -992,7 +1105,7 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
             given = "shift_labels" if shift_labels is not None else "labels"
             raise ValueError(f"{given} must have the input's shape {tuple(real.shape)}, got {tuple(targets.shape)}")
         # Padding is removed before the segments are read, so its positions must not be targets.
-        return targets.to(real.device).masked_fill(~real, -100)
+        return _drop_cross_document_targets(targets.to(real.device).masked_fill(~real, -100), position_ids)
 
     # Adapted from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2LMHeadModel (same loss
     # and return_logits contract; model folders must stay self-contained).
@@ -1019,12 +1132,13 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
     ) -> TransformerXLCausalLMOutput:
         r"""
         Args:
-            input_ids, attention_mask, past_key_values, inputs_embeds, use_cache, output_hidden_states, output_attentions:
+            input_ids, attention_mask, past_key_values, inputs_embeds, position_ids, use_cache, output_hidden_states, output_attentions:
                 As in [`TransformerXLModel.forward`].
             labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
                 Targets, usually `input_ids`; shifted inside the model (`-100` and padding positions are ignored).
                 The loss is computed segment by segment, so the `(tokens, vocab)` logits are never materialised
-                for it unless they are asked for.
+                for it unless they are asked for. With packed `position_ids`, the last token of a document predicts
+                nothing (not the next document's first token).
             return_logits (`bool`, *optional*):
                 Whether to return the logits. Defaults to `True` without `labels` and `False` with them.
             logits_to_keep (`int` or `torch.Tensor`, *optional*, defaults to 0):
@@ -1042,13 +1156,13 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
             raise ValueError(
                 f"logits_to_keep={logits_to_keep} cannot be combined with labels: the loss needs every position"
             )
-        inputs_embeds, real, state = self.transformer._prepare(
+        inputs_embeds, real, document_starts, state = self.transformer._prepare(
             input_ids, attention_mask, past_key_values, inputs_embeds, kwargs
         )
         output_hidden_states, output_attentions = self.transformer._output_flags(
             output_hidden_states, output_attentions
         )
-        shift_labels = self._targets(labels, kwargs.get("shift_labels"), real)
+        shift_labels = self._targets(labels, kwargs.get("shift_labels"), real, kwargs.get("position_ids"))
         keep_logits = shift_labels is None if return_logits is None else return_logits
         num_items = None
         if shift_labels is not None:
@@ -1062,11 +1176,13 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
         outputs = (output_hidden_states, output_attentions)
         if shift_labels is not None and not keep_logits:
             segments = self.transformer._forward_segments(
-                inputs_embeds, real, state, shift_labels, segment_loss, *outputs
+                inputs_embeds, real, document_starts, state, shift_labels, segment_loss, *outputs
             )
             logits, loss = None, torch.stack(segments.heads).sum()
         else:
-            segments = self.transformer._forward_segments(inputs_embeds, real, state, None, None, *outputs)
+            segments = self.transformer._forward_segments(
+                inputs_embeds, real, document_starts, state, None, None, *outputs
+            )
             kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             logits = self.lm_head(segments.hidden[:, kept]) if keep_logits else None
             loss = self._loss(logits, shift_labels, num_items) if shift_labels is not None else None
