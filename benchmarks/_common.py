@@ -71,6 +71,38 @@ def transformer_xl_dims(args: argparse.Namespace) -> dict[str, int]:
     return {name: getattr(args, name) for name in TRANSFORMER_XL_SHAPE}
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--device` and `--dtype`, the same in every benchmark that runs models."""
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cpu, cuda or cuda:N (default: cuda if present)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=list(DTYPES),
+        help="weights and activations (default: bfloat16 on CUDA, float32 on the CPU)",
+    )
+
+
+def device_and_dtype(args: argparse.Namespace) -> tuple[torch.device, torch.dtype]:
+    """The device and dtype asked for; refuses a CUDA device this machine lacks, naming it."""
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: no CUDA device on this machine")
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    return device, dtype
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a timer or a counter read after it sees all of it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def run_or_render_arguments(description: str, threads: int, runs: str) -> argparse.Namespace:
     """Arguments of a benchmark that runs a long job (or renders a finished one) and records it in the docs."""
     parser = argparse.ArgumentParser(description=description)
@@ -151,8 +183,9 @@ def code_version() -> str:
 def machine_info() -> str:
     """One markdown line describing where the numbers came from."""
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    gpu = f"GPU {torch.cuda.get_device_name()}; " if torch.cuda.is_available() else ""
     return (
-        f"commit {code_version()}; {cpu_model()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads; "
+        f"commit {code_version()}; {gpu}{cpu_model()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads; "
         f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}; "
         f"load average at start {load}; parallel-region probe {parallel_probe_ms():.2f} ms (idle: about 0.02 ms)"
     )
@@ -165,25 +198,38 @@ def load_at_end() -> str:
 
 
 def command_line() -> str:
+    """The command that ran, without `--note` (its text is in the section already)."""
     script = Path(sys.argv[0]).resolve()
     with contextlib.suppress(ValueError):
         script = script.relative_to(REPO_ROOT)
-    return "python " + " ".join(shlex.quote(a) for a in [str(script), *sys.argv[1:]])
+    arguments, skip = [], False
+    for argument in sys.argv[1:]:
+        if skip or argument == "--note" or argument.startswith("--note="):
+            skip = argument == "--note"
+            continue
+        arguments.append(argument)
+    return "python " + " ".join(shlex.quote(a) for a in [str(script), *arguments])
 
 
-def interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+def interleaved(
+    fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1, device: torch.device | None = None
+) -> dict[str, list[float]]:
     """Time each function `repeats` times in rounds (A B C A B C ...), after `warmup` untimed rounds.
 
     Returns the seconds of every timed call per name. The order inside a round rotates from round to round so that
-    no function always runs right after the same other one.
+    no function always runs right after the same other one. On a CUDA `device` each call is timed from an empty queue
+    to an empty queue (kernels run asynchronously; the host would otherwise time only their launches).
     """
     names = list(fns)
     times: dict[str, list[float]] = {name: [] for name in names}
+    device = device or torch.device("cpu")
     for round_index in range(warmup + repeats):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
+            synchronize(device)
             start = time.perf_counter()
             fns[name]()
+            synchronize(device)
             elapsed = time.perf_counter() - start
             if round_index >= warmup:
                 times[name].append(elapsed)

@@ -26,8 +26,10 @@ from dataclasses import dataclass
 
 import torch
 from _common import (
+    add_device_arguments,
     add_model_shape_arguments,
     command_line,
+    device_and_dtype,
     gpt2_dims,
     interleaved,
     load_at_end,
@@ -52,6 +54,7 @@ def parse_args() -> argparse.Namespace:
         parser,
         {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024, "window_size": 300},
     )
+    add_device_arguments(parser)
     parser.add_argument("--windows", type=int, default=2, help="input length = windows * window_size")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--attn", nargs="+", default=["sdpa", "eager"], help="attention implementations to compare")
@@ -73,15 +76,16 @@ def parse_args() -> argparse.Namespace:
 
 
 def load_pair(checkpoint: str, args: argparse.Namespace, attn: str):
-    stock = GPT2LMHeadModel.from_pretrained(checkpoint, attn_implementation=attn).eval()
+    device, dtype = device_and_dtype(args)
+    stock = GPT2LMHeadModel.from_pretrained(checkpoint, attn_implementation=attn).to(device, dtype).eval()
     recurrent = RecurrentGPT2LMHeadModel.from_pretrained(
         checkpoint,
         window_size=args.window_size,
         window_overlap=0,
         insertion_layer=min(2, args.n_layer - 1),
         attn_implementation=attn,
-    ).eval()
-    return stock, recurrent
+    )
+    return stock, recurrent.to(device, dtype).eval()
 
 
 def profile_ops(fn, calls: int = 2) -> dict[str, tuple[float, int]]:
@@ -124,7 +128,7 @@ def measure(args: argparse.Namespace, checkpoint: str, ids: torch.Tensor, attn: 
                 "recurrent_body": lambda: recurrent.transformer(ids),
                 "stock_body_sequential": lambda: [stock.transformer(c) for c in chunks],
             }
-        times = interleaved(fns, repeats=args.repeats, warmup=args.warmup)
+        times = interleaved(fns, repeats=args.repeats, warmup=args.warmup, device=ids.device)
         profiles = None
         if args.profile != "never":
             profiles = (profile_ops(fns["recurrent"]), profile_ops(fns["stock_sequential"]))
@@ -193,9 +197,10 @@ def render_tables(args: argparse.Namespace, rows: list[list[str]], body_rows: li
 def main() -> None:
     args = parse_args()
     setup(args.seed, args.threads)
-    info = machine_info()
+    device, dtype = device_and_dtype(args)
+    info = f"{machine_info()}; models on {device} in {str(dtype).removeprefix('torch.')}"
     window, windows, batch = args.window_size, args.windows, args.batch_size
-    ids = torch.randint(0, args.vocab_size, (batch, windows * window))
+    ids = torch.randint(0, args.vocab_size, (batch, windows * window), device=device)
     with tempfile.TemporaryDirectory() as checkpoint:
         GPT2LMHeadModel(GPT2Config(**gpt2_dims(args))).save_pretrained(checkpoint)
         measured = [measure(args, checkpoint, ids, attn) for attn in args.attn]
