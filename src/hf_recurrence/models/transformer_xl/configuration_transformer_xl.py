@@ -25,8 +25,9 @@ class TransformerXLConfig(PreTrainedConfig):
     kept without gradient. Positions are relative (sinusoidal distances with the learned biases u and v of the
     paper's §3.3), so the model has no maximum length; deliberately there is no `max_position_embeddings`.
 
-    The output layer is a plain softmax tied to the input embeddings (no adaptive softmax or adaptive input, see
-    docs/models/transformer_xl.md for why).
+    The output layer is a plain softmax tied to the input embeddings unless `cutoffs` is set: then the input is
+    the adaptive input embedding and the output the adaptive softmax of transformers 4.x's TransfoXL (what its
+    checkpoints, e.g. transfo-xl-wt103, need; see `hf_recurrence.transfo_xl_conversion`).
 
     Args:
         vocab_size (`int`, *optional*, defaults to 32000):
@@ -49,8 +50,8 @@ class TransformerXLConfig(PreTrainedConfig):
         clamp_len (`int`, *optional*):
             Relative distances larger than this use the encoding of `clamp_len`. `None` never clamps.
         same_length (`bool`, *optional*, defaults to `False`):
-            If `True`, every query attends to at most `mem_len` earlier positions (plus itself), so every position
-            of a segment sees a context of the same length once the memory is full.
+            If `True`, every query attends to at most `mem_len` positions, itself included (as the original code
+            counts them), so every position of a segment sees a context of the same length once the memory is full.
         dropout (`float`, *optional*, defaults to 0.1):
             Dropout on embeddings, position encodings, the attention output and the feed-forward network.
         dropatt (`float`, *optional*, defaults to 0.0):
@@ -63,6 +64,15 @@ class TransformerXLConfig(PreTrainedConfig):
             Epsilon of the layer norms.
         initializer_range (`float`, *optional*, defaults to 0.02):
             Standard deviation of the normal weight initialisation.
+        cutoffs (`list[int]`, *optional*):
+            Adaptive input and softmax: token ids below `cutoffs[0]` form the frequent head of the vocabulary, the
+            ranges between consecutive cutoffs the tail clusters. `None`: one plain embedding and softmax.
+        div_val (`int`, *optional*, defaults to 1):
+            With `cutoffs`: cluster `i` embeds in `d_embed // div_val**i` dimensions (1: every token in `d_embed`).
+        d_embed (`int`, *optional*):
+            With `cutoffs`: width of the head cluster's embeddings, projected to `d_model` (default: `d_model`).
+        tie_projs (`list[bool]`, *optional*):
+            With `cutoffs`: per cluster, whether the output projection is the input projection (default: none).
 
     Example:
 
@@ -110,6 +120,10 @@ class TransformerXLConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
     tie_word_embeddings: bool = True
+    cutoffs: list[int] | None = None
+    div_val: int = 1
+    d_embed: int | None = None
+    tie_projs: list[bool] | None = None
 
     def __post_init__(self, **kwargs):
         kwargs.setdefault("auto_map", dict(AUTO_MAP))
@@ -144,6 +158,46 @@ class TransformerXLConfig(PreTrainedConfig):
                 raise ValueError(f"{name} must be a probability in [0, 1), got {name}={value!r}")
         if self.d_model % 2:
             raise ValueError(f"d_model must be even for the sinusoidal position encoding, got d_model={self.d_model}")
+        self.check_adaptive_settings()
+
+    def check_adaptive_settings(self) -> None:
+        """Raise `ValueError` naming an invalid `cutoffs`, `div_val`, `d_embed` or `tie_projs`."""
+        if self.cutoffs is None:
+            return
+        cutoffs = self.cutoffs
+        if not isinstance(cutoffs, list) or any(isinstance(c, bool) or not isinstance(c, int) for c in cutoffs):
+            raise ValueError(f"cutoffs must be a list of token ids, got cutoffs={cutoffs!r}")
+        if any(b <= a for a, b in zip([0, *cutoffs], [*cutoffs, self.vocab_size], strict=True)):
+            raise ValueError(
+                f"cutoffs must increase strictly between 0 and vocab_size={self.vocab_size}, got cutoffs={cutoffs!r}"
+            )
+        _check_int("div_val", self.div_val, minimum=1)
+        _check_int("d_embed", self.embedding_width, minimum=1)
+        if self.embedding_width // self.div_val ** len(cutoffs) < 1:
+            raise ValueError(
+                f"d_embed={self.embedding_width} with div_val={self.div_val} leaves the last of {len(cutoffs) + 1} "
+                "clusters no embedding dimension"
+            )
+        if self.tie_projs is not None and (
+            not isinstance(self.tie_projs, list) or len(self.tie_projs) != len(cutoffs) + 1
+        ):
+            raise ValueError(
+                f"tie_projs must hold one bool per cluster ({len(cutoffs) + 1}), got tie_projs={self.tie_projs!r}"
+            )
+
+    @property
+    def embedding_width(self) -> int:
+        """`d_embed`, or `d_model` when it is not set."""
+        return self.d_model if self.d_embed is None else self.d_embed
+
+    def cluster_ranges(self) -> list[tuple[int, int]]:
+        """The `[start, end)` token ids of every cluster of the adaptive embedding and softmax, head first."""
+        ends = [0, *self.cutoffs, self.vocab_size]
+        return list(zip(ends[:-1], ends[1:], strict=True))
+
+    def cluster_widths(self) -> list[int]:
+        """The embedding width of every cluster: `d_embed // div_val**i`."""
+        return [self.embedding_width // self.div_val**i for i in range(len(self.cutoffs) + 1)]
 
     def check_segment_schedule(self) -> None:
         """Raise `ValueError` naming an invalid `segment_length`, `mem_len` or `clamp_len`: the fields every forward
@@ -165,9 +219,9 @@ def _refuse_legacy_checkpoint(config_dict: dict[str, Any], source: str | None = 
     raise ValueError(
         f"{source or 'This config'} is a transformers 4.x TransfoXLLMHeadModel checkpoint (model_type "
         "'transfo-xl'). Its layout, adaptive input embeddings and an adaptive softmax (weights "
-        "transformer.word_emb.emb_layers.* and crit.out_layers.*), cannot be loaded into TransformerXLLMHeadModel, "
-        "which has one embedding tied to a plain softmax: every weight would be left random. No converter exists "
-        "yet; load it with transformers 4.x, or train a TransformerXLLMHeadModel."
+        "transformer.word_emb.emb_layers.* and crit.out_layers.*), cannot be loaded as it is: every weight would "
+        "be left random. Convert it first: `hf-recurrence convert FOLDER OUTPUT_DIR` (or "
+        "hf_recurrence.transfo_xl_conversion.convert_transfo_xl(FOLDER)), then load OUTPUT_DIR."
     )
 
 

@@ -110,6 +110,95 @@ def _drop_cross_document_targets(targets: torch.Tensor, position_ids: torch.Tens
     return targets.masked_fill(next_starts.to(targets.device), -100)
 
 
+class TransformerXLAdaptiveEmbedding(nn.Module):
+    """Adaptive input embeddings (Baevski and Auli 2019) laid out as transformers 4.x's TransfoXL has them: the
+    vocabulary splits at `config.cutoffs` into clusters, cluster `i` embeds in `d_embed // div_val**i` dimensions
+    and is projected to `d_model`. Unscaled: the model multiplies every embedding by `sqrt(d_model)`."""
+
+    def __init__(self, config: TransformerXLConfig):
+        super().__init__()
+        self.ranges = config.cluster_ranges()
+        widths = config.cluster_widths()
+        if config.div_val == 1:
+            # One table for the whole vocabulary, projected only if it is narrower than the model.
+            self.emb_layers = nn.ModuleList([nn.Embedding(config.vocab_size, widths[0])])
+            projected = widths[0] != config.d_model
+            self.emb_projs = nn.ParameterList([torch.empty(config.d_model, widths[0])] if projected else [])
+        else:
+            self.emb_layers = nn.ModuleList(
+                nn.Embedding(end - start, w) for (start, end), w in zip(self.ranges, widths, strict=True)
+            )
+            self.emb_projs = nn.ParameterList(torch.empty(config.d_model, w) for w in widths)
+        self.d_model = config.d_model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(batch, length) ids -> (batch, length, d_model) embeddings."""
+        if len(self.emb_layers) == 1:
+            embeds = self.emb_layers[0](input_ids)
+            return nn.functional.linear(embeds, self.emb_projs[0]) if len(self.emb_projs) else embeds
+        weight = self.emb_projs[0]
+        embeds = weight.new_zeros(*input_ids.shape, self.d_model)
+        for (start, end), table, projection in zip(self.ranges, self.emb_layers, self.emb_projs, strict=True):
+            in_cluster = (input_ids >= start) & (input_ids < end)
+            embeds = embeds.index_put(
+                (in_cluster,), nn.functional.linear(table(input_ids[in_cluster] - start), projection)
+            )
+        return embeds
+
+
+class TransformerXLAdaptiveLogSoftmax(nn.Module):
+    """The adaptive softmax (Grave et al. 2017) of transformers 4.x's TransfoXL, returning log-probabilities over the
+    whole vocabulary (valid logits: their softmax is themselves). The head scores the frequent tokens, then one entry per
+    tail cluster in order; a token of cluster `i` gets that entry's log-probability plus its own in the cluster. Every
+    output layer has a bias."""
+
+    def __init__(self, config: TransformerXLConfig):
+        super().__init__()
+        self.ranges = config.cluster_ranges()
+        widths = config.cluster_widths()
+        clusters = len(self.ranges) - 1
+        if clusters:
+            self.cluster_weight = nn.Parameter(torch.zeros(clusters, widths[0]))
+            self.cluster_bias = nn.Parameter(torch.zeros(clusters))
+        if config.div_val == 1:
+            self.out_layers = nn.ModuleList([nn.Linear(widths[0], config.vocab_size)])
+            projected = widths[0] != config.d_model
+            self.out_projs = nn.ParameterList(
+                torch.empty(config.d_model, widths[0]) for _ in range(clusters + 1 if projected else 0)
+            )
+        else:
+            self.out_layers = nn.ModuleList(
+                nn.Linear(w, end - start) for (start, end), w in zip(self.ranges, widths, strict=True)
+            )
+            self.out_projs = nn.ParameterList(torch.empty(config.d_model, w) for w in widths)
+
+    def _cluster_logits(self, hidden: torch.Tensor, cluster: int) -> torch.Tensor:
+        """(..., d_model) -> the logits of one cluster's tokens (the head's also of the tail clusters)."""
+        if len(self.out_layers) == 1:
+            start, end = self.ranges[cluster]
+            weight, bias = self.out_layers[0].weight[start:end], self.out_layers[0].bias[start:end]
+        else:
+            weight, bias = self.out_layers[cluster].weight, self.out_layers[cluster].bias
+        if cluster == 0 and len(self.ranges) > 1:
+            weight = torch.cat([weight, self.cluster_weight], dim=0)
+            bias = torch.cat([bias, self.cluster_bias], dim=0)
+        if len(self.out_projs):
+            hidden = nn.functional.linear(hidden, self.out_projs[cluster].t())  # (..., cluster width)
+        return nn.functional.linear(hidden, weight, bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., d_model) hidden states -> (..., vocab) log-probabilities."""
+        head = self._cluster_logits(hidden, 0).log_softmax(-1)
+        if len(self.ranges) == 1:
+            return head
+        shortlist = self.ranges[0][1]
+        parts = [head[..., :shortlist]]
+        for cluster in range(1, len(self.ranges)):
+            tail = self._cluster_logits(hidden, cluster).log_softmax(-1)
+            parts.append(head[..., shortlist + cluster - 1, None] + tail)
+        return torch.cat(parts, dim=-1)
+
+
 class TransformerXLRelAttention(nn.Module):
     """Multi-head attention with relative position scores: (a)+(c) content terms via u, (b)+(d) position terms via v."""
 
@@ -710,6 +799,9 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
         for name in ("r_w_bias", "r_r_bias"):
             if isinstance(getattr(module, name, None), nn.Parameter):
                 init.normal_(getattr(module, name), mean=0.0, std=std)
+        if isinstance(module, nn.ParameterList):  # the adaptive embedding's and softmax's projections
+            for projection in module:
+                init.normal_(projection, mean=0.0, std=std)
 
 
 class TransformerXLModel(TransformerXLPreTrainedModel):
@@ -718,7 +810,11 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
     def __init__(self, config: TransformerXLConfig):
         super().__init__(config)
         config.check_transformer_xl_settings()
-        self.word_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.word_emb = (
+            nn.Embedding(config.vocab_size, config.d_model)
+            if config.cutoffs is None
+            else TransformerXLAdaptiveEmbedding(config)
+        )
         self.drop = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList([TransformerXLLayer(config) for _ in range(config.n_layer)])
         if not config.untie_r:
@@ -729,7 +825,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         self.ln_f = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon) if config.pre_lnorm else None
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
+    def get_input_embeddings(self) -> nn.Module:
         return self.word_emb
 
     def set_input_embeddings(self, new_embeddings: nn.Embedding) -> None:
@@ -757,18 +853,19 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         encodings = sinusoidal_position_encoding(
             steps if clamp is None else steps.clamp(max=clamp), self.config.d_model
         )
-        return self.drop(encodings.to(self.word_emb.weight.dtype)), [None] * len(self.layers)
+        return self.drop(encodings.to(self.dtype)), [None] * len(self.layers)
 
     def _allowed(self, valid: torch.Tensor, q: int) -> torch.Tensor:
         """(rows, 1, q, slots + q) bool: causal over memory + segment, valid memory slots only, and with
-        `same_length` at most `mem_len` positions back. Every query sees itself, so no row is empty."""
+        `same_length` `mem_len` keys at most, itself included (as the original code and transformers 4.x count them).
+        Every query sees itself, so no row is empty."""
         slots = valid.shape[1]
         query = torch.arange(q, device=valid.device)[:, None]
         key = torch.arange(slots + q, device=valid.device)[None, :]
         distance = slots + query - key  # (q, klen)
         allowed = distance >= 0
         if self.config.same_length:
-            allowed = allowed & (distance <= self.config.mem_len)
+            allowed = allowed & (distance < max(self.config.mem_len, 1))
         key_valid = torch.cat([valid, valid.new_ones(valid.shape[0], q)], dim=1)  # (rows, klen)
         return (allowed[None] & key_valid[:, None, :])[:, None]
 
@@ -1051,13 +1148,18 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
     def __init__(self, config: TransformerXLConfig):
         super().__init__(config)
         self.transformer = TransformerXLModel(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.cutoffs is None:
+            self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        else:
+            self.lm_head = TransformerXLAdaptiveLogSoftmax(config)
+            self._tied_weights_keys = _adaptive_tied_weights(config)
         # transformers picks the loss from the class-name suffix, which "LMHeadModel" is not.
         self.loss_type = "ForCausalLM"
         self.post_init()
 
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
+    def get_output_embeddings(self) -> nn.Linear | None:
+        # The adaptive softmax is no single output embedding (resizing the vocabulary cannot work on it).
+        return self.lm_head if isinstance(self.lm_head, nn.Linear) else None
 
     # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2LMHeadModel._prepare_cache_for_generation
     def _prepare_cache_for_generation(self, generation_config: GenerationConfig, model_kwargs: dict, *args, **kwargs):
@@ -1194,6 +1296,20 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
             attentions=segments.attentions,
         )
         return output if return_dict is not False else output.to_tuple()
+
+
+def _adaptive_tied_weights(config: TransformerXLConfig) -> dict[str, str]:
+    """The adaptive softmax's weights that are the adaptive embedding's, as transformers 4.x ties them: every output
+    table (with `tie_word_embeddings`), and the projections that `tie_projs` names."""
+    tied = {}
+    if config.tie_word_embeddings:
+        for i in range(1 if config.div_val == 1 else len(config.cutoffs) + 1):
+            tied[f"lm_head.out_layers.{i}.weight"] = f"transformer.word_emb.emb_layers.{i}.weight"
+    projected = config.div_val != 1 or config.embedding_width != config.d_model
+    for i, tie in enumerate(config.tie_projs or []):
+        if tie and projected:
+            tied[f"lm_head.out_projs.{i}"] = f"transformer.word_emb.emb_projs.{0 if config.div_val == 1 else i}"
+    return tied
 
 
 __all__ = [
