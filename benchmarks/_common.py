@@ -74,33 +74,167 @@ def transformer_xl_dims(args: argparse.Namespace) -> dict[str, int]:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def add_device_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--device` and `--dtype`, the same in every benchmark that runs models."""
+def parse_device(text: str) -> torch.device:
+    """A `--device` value: cpu, cuda or cuda:N (argparse reports anything else with the value)."""
+    if re.fullmatch(r"cpu|cuda(:\d+)?", text) is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not cpu, cuda or cuda:N")
+    return torch.device(text)
+
+
+def add_device_arguments(parser: argparse.ArgumentParser, cuda_dtype: str = "bfloat16") -> None:
+    """`--device` and `--dtype`, the same in every benchmark.
+
+    The dtype defaults to float32 on the CPU (the recorded CPU numbers are float32, and CPUs have no faster bfloat16
+    path for most of these operators) and to `cuda_dtype` on CUDA: bfloat16 where speed or memory is measured, since
+    that is how models run on a GPU; float32 where the numbers are a trained model's quality, which training in pure
+    bfloat16 would change.
+    """
     parser.add_argument(
         "--device",
+        type=parse_device,
         default="cuda" if torch.cuda.is_available() else "cpu",
-        help="cpu, cuda or cuda:N (default: cuda if present)",
+        help="cpu, cuda or cuda:N (default: cuda if present, else cpu)",
     )
     parser.add_argument(
         "--dtype",
         choices=list(DTYPES),
-        help="weights and activations (default: bfloat16 on CUDA, float32 on the CPU)",
+        help=f"dtype of the weights and activations (default: {cuda_dtype} on CUDA, float32 on the CPU)",
     )
+    parser.set_defaults(cuda_dtype=cuda_dtype)
 
 
 def device_and_dtype(args: argparse.Namespace) -> tuple[torch.device, torch.dtype]:
     """The device and dtype asked for; refuses a CUDA device this machine lacks, naming it."""
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"--device {args.device}: no CUDA device on this machine")
-    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    device = args.device
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise SystemExit(f"--device {device}: no such CUDA device on this machine ({torch.cuda.device_count()} found)")
+    dtype = DTYPES[args.dtype or (args.cuda_dtype if device.type == "cuda" else "float32")]
     return device, dtype
+
+
+def require_device_and_dtype(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, why: str) -> None:
+    """For a benchmark whose device and dtype are chosen by the code it runs: refuse any other, naming the value."""
+    asked_device, asked_dtype = device_and_dtype(args)
+    if asked_device.type != device.type or (asked_device.index or 0) != (device.index or 0):
+        raise SystemExit(f"--device {asked_device}: not available here, {why} (it runs on {device})")
+    if asked_dtype != dtype:
+        raise SystemExit(
+            f"--dtype {dtype_name(asked_dtype)}: not available here, {why} (it runs in {dtype_name(dtype)})"
+        )
+
+
+def trainer_device(args: argparse.Namespace, why: str) -> tuple[torch.device, torch.dtype]:
+    """For a benchmark that trains in float32 with the stock `Trainer`, which picks the device itself (the first
+    CUDA device when there is one): that device and dtype, after refusing any other asked for."""
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    require_device_and_dtype(args, device, torch.float32, why)
+    return device, torch.float32
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def device_description(device: torch.device, dtype: torch.dtype) -> str:
+    """ "cuda:0 (NVIDIA H100 80GB HBM3), bfloat16" or "cpu, float32"."""
+    name = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+    return f"{device}{name}, {dtype_name(dtype)}"
 
 
 def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work, so that a timer or a counter read after it sees all of it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def clock(device: torch.device) -> float:
+    """`time.perf_counter()` once `device` has finished its queued work: CUDA kernels run asynchronously, so without
+    the wait a timer around a call would measure only their launches."""
+    synchronize(device)
+    return time.perf_counter()
+
+
+def _status_mib(field: str) -> float:
+    match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
+    return int(match.group(1)) / 1024
+
+
+def memory_mib(device: torch.device) -> float:
+    """Memory in use now: the process's resident memory on the CPU, the tensors allocated on a CUDA device."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**20
+    return _status_mib("VmRSS")
+
+
+def memory_name(device: torch.device) -> str:
+    """What `memory_mib(device)` reads, for a table header."""
+    return "CUDA memory allocated" if device.type == "cuda" else "RSS"
+
+
+def reset_peak_memory(device: torch.device) -> float:
+    """Start the peak-memory counter of `device` from the memory in use now, and return that (MiB).
+
+    On the CPU the counter is the kernel's peak RSS (VmHWM), reset through /proc/self/clear_refs: the CPU allocator
+    keeps no peak of its own, and `tracemalloc` does not see torch's allocations. Measure in a fresh process started
+    by `in_child`, whose environment (`CHILD_ENV`) returns freed tensors to the system, for RSS to follow the live
+    tensors.
+    """
+    if device.type == "cuda":
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return memory_mib(device)
+    Path("/proc/self/clear_refs").write_text("5")
+    return _status_mib("VmRSS")
+
+
+def peak_memory_mib(device: torch.device) -> float:
+    """The highest memory in use since `reset_peak_memory(device)`."""
+    if device.type == "cuda":
+        synchronize(device)
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return _status_mib("VmHWM")
+
+
+def check_peak_memory(device: torch.device) -> None:
+    """Refuse to measure peak memory on a CPU without Linux's resettable peak-RSS counter."""
+    if device.type == "cpu" and not Path("/proc/self/clear_refs").exists():
+        sys.exit("peak memory on the CPU is read from Linux's /proc/self/status and needs /proc/self/clear_refs")
+
+
+def peak_memory_method(device: torch.device) -> str:
+    """How `reset_peak_memory` and `peak_memory_mib` measure on `device`, for a docs section."""
+    if device.type == "cuda":
+        return "`torch.cuda.max_memory_allocated` after `torch.cuda.reset_peak_memory_stats` (tensors only)"
+    return (
+        "the kernel's peak RSS (VmHWM, reset through `/proc/self/clear_refs`) with glibc's "
+        "`MALLOC_MMAP_THRESHOLD_=65536`, so that every allocation of 64 KiB or more is its own mapping, returned to "
+        "the system when freed, and RSS follows the live tensors rather than the allocator's high-water mark"
+    )
+
+
+# See `reset_peak_memory`: every allocation of 64 KiB or more gets its own mapping, unmapped when freed.
+CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
+def add_child_argument(parser: argparse.ArgumentParser) -> None:
+    """The internal `--child SPEC` of a benchmark that runs each measurement in a fresh process (`in_child`)."""
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+
+
+def in_child(spec: dict) -> dict:
+    """Run this script again in a fresh process with the same flags and `--child SPEC` (JSON); returns the JSON object
+    the child prints last. A fresh process per measurement keeps one measurement's allocations out of the next's."""
+    argv = [a for a in sys.argv[1:] if a != "--write-docs"]
+    proc = subprocess.run(
+        [sys.executable, sys.argv[0], *argv, "--child", json.dumps(spec)],
+        env={**os.environ, **CHILD_ENV},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        sys.exit(f"child {spec} failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def run_or_render_arguments(description: str, threads: int, runs: str) -> argparse.Namespace:
@@ -180,12 +314,16 @@ def code_version() -> str:
     return commit + (" +changes" if dirty.stdout.strip() else "")
 
 
-def machine_info() -> str:
-    """One markdown line describing where the numbers came from."""
+def machine_info(device: torch.device | None = None, dtype: torch.dtype | None = None) -> str:
+    """One markdown line describing where the numbers came from: with `device` and `dtype`, where the models ran
+    (the GPU by name); without, the GPU that the code a benchmark drives would pick, if any."""
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-    gpu = f"GPU {torch.cuda.get_device_name()}; " if torch.cuda.is_available() else ""
+    if device is not None and dtype is not None:
+        models = f"models on {device_description(device, dtype)}; "
+    else:
+        models = f"GPU {torch.cuda.get_device_name()}; " if torch.cuda.is_available() else ""
     return (
-        f"commit {code_version()}; {gpu}{cpu_model()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads; "
+        f"commit {code_version()}; {models}{cpu_model()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads; "
         f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}; "
         f"load average at start {load}; parallel-region probe {parallel_probe_ms():.2f} ms (idle: about 0.02 ms)"
     )
@@ -226,11 +364,9 @@ def interleaved(
     for round_index in range(warmup + repeats):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            synchronize(device)
-            start = time.perf_counter()
+            start = clock(device)
             fns[name]()
-            synchronize(device)
-            elapsed = time.perf_counter() - start
+            elapsed = clock(device) - start
             if round_index >= warmup:
                 times[name].append(elapsed)
     return times

@@ -37,6 +37,7 @@ from _common import (
     markdown_table,
     median,
     setup,
+    synchronize,
     write_section,
 )
 from torch.profiler import ProfilerActivity, profile
@@ -88,13 +89,19 @@ def load_pair(checkpoint: str, args: argparse.Namespace, attn: str):
     return stock, recurrent.to(device, dtype).eval()
 
 
-def profile_ops(fn, calls: int = 2) -> dict[str, tuple[float, int]]:
-    """Self CPU milliseconds and call count per operator over `calls` calls (after one untimed call)."""
+def profile_ops(fn, device: torch.device, calls: int = 2) -> dict[str, tuple[float, int]]:
+    """Self milliseconds and call count per operator over `calls` calls (after one untimed call): host time on the
+    CPU, kernel time on CUDA (where the host only launches the kernels)."""
     fn()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         for _ in range(calls):
             fn()
-    return {e.key: (e.self_cpu_time_total / 1000 / calls, e.count // calls) for e in prof.key_averages()}
+        synchronize(device)
+    return {
+        e.key: ((e.self_device_time_total if cuda else e.self_cpu_time_total) / 1000 / calls, e.count // calls)
+        for e in prof.key_averages()
+    }
 
 
 @dataclass
@@ -131,7 +138,7 @@ def measure(args: argparse.Namespace, checkpoint: str, ids: torch.Tensor, attn: 
         times = interleaved(fns, repeats=args.repeats, warmup=args.warmup, device=ids.device)
         profiles = None
         if args.profile != "never":
-            profiles = (profile_ops(fns["recurrent"]), profile_ops(fns["stock_sequential"]))
+            profiles = tuple(profile_ops(fns[name], ids.device) for name in ("recurrent", "stock_sequential"))
     return Measured(attn, times, first_diff, profiles)
 
 
@@ -198,7 +205,7 @@ def main() -> None:
     args = parse_args()
     setup(args.seed, args.threads)
     device, dtype = device_and_dtype(args)
-    info = f"{machine_info()}; models on {device} in {str(dtype).removeprefix('torch.')}"
+    info = machine_info(device, dtype)
     window, windows, batch = args.window_size, args.windows, args.batch_size
     ids = torch.randint(0, args.vocab_size, (batch, windows * window), device=device)
     with tempfile.TemporaryDirectory() as checkpoint:
@@ -221,7 +228,7 @@ def main() -> None:
     profile_text = ""
     profiles = {m.attn: m.profiles for m in measured if m.profiles is not None}
     if profiles and (args.profile == "always" or missed):
-        profile_text = profile_report(profiles)
+        profile_text = profile_report(profiles, device)
         print("\n" + profile_text)
 
     if args.write_docs:
@@ -231,7 +238,7 @@ def main() -> None:
         )
 
 
-def profile_report(profiles: dict[str, tuple[dict, dict]]) -> str:
+def profile_report(profiles: dict[str, tuple[dict, dict]], device: torch.device) -> str:
     parts = []
     for attn, (rec, stock) in profiles.items():
         diffs = []
@@ -246,7 +253,7 @@ def profile_report(profiles: dict[str, tuple[dict, dict]]) -> str:
             [f"`{k}`", f"{d:+.1f}", f"{rt:.1f} ({rc})", f"{st:.1f} ({sc})"] for d, k, rt, rc, st, sc in diffs[-3:]
         ]
         parts.append(
-            f"Profile, `{attn}` (self CPU ms per call, operator calls in brackets; total {total_r:.0f} ms "
+            f"Profile, `{attn}` (self {'CUDA' if device.type == 'cuda' else 'CPU'} ms per call, operator calls in brackets; total {total_r:.0f} ms "
             f"recurrent vs {total_s:.0f} ms stock sequential). Most expensive extra operators first, then the three "
             "the recurrent model spends least on:\n\n"
             + markdown_table(["operator", "recurrent - stock", "recurrent", "stock sequential"], rows)

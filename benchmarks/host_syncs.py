@@ -155,7 +155,7 @@ def main() -> None:
     args = parse_args()
     setup(0, args.threads)
     device, dtype = device_and_dtype(args)
-    info = machine_info()
+    info = machine_info(device, dtype)
     rows = measure(args, device, dtype)
     headers = [
         "model",
@@ -169,7 +169,7 @@ def main() -> None:
     table = markdown_table(headers, rows)
     shape = (
         f"{args.layers} layers, {args.hidden} wide, batch {args.batch_size}, {args.windows} windows of "
-        f"{args.window_size} tokens, {device} {str(dtype).removeprefix('torch.')}"
+        f"{args.window_size} tokens"
     )
     print(f"\n{info}\n\n{shape}\n\n{table}")
     if args.write_docs:
