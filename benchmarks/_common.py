@@ -241,6 +241,8 @@ def run_or_render_arguments(description: str, threads: int, runs: str) -> argpar
     """Arguments of a benchmark that runs a long job (or renders a finished one) and records it in the docs."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--results-dir", type=Path, help="render this finished run instead of running one")
+    # The job's quality is what is recorded: float32 unless asked otherwise, on CUDA too.
+    add_device_arguments(parser, cuda_dtype="float32")
     parser.add_argument("--threads", type=int, default=threads)
     parser.add_argument("--write-docs", action="store_true", help="write the section and the plot into docs/")
     parser.add_argument("--note", default="", help="a sentence about the run, e.g. the load seen while it ran")
@@ -252,9 +254,10 @@ def run_or_render(args: argparse.Namespace, run: Callable[[Path], None], images:
     """Run a long job with `run(results_dir)` into a scratch folder, or take the finished `args.results_dir`; read
     its results.json and, with `--write-docs`, copy its plots (`{produced file: docs image}`) into docs/.
 
-    Returns the results and a line saying where it ran (or was rendered).
+    Returns the results and a line saying where it ran (or was rendered); `--device` and `--dtype` describe the run
+    (checking them against what the job can do is the caller's part).
     """
-    info = machine_info()
+    info = machine_info(*device_and_dtype(args)) if args.results_dir is None else machine_info()
     with tempfile.TemporaryDirectory() as scratch:
         results_dir = args.results_dir or Path(scratch)
         if args.results_dir is None:

@@ -21,7 +21,18 @@ BERT-base sizes:
 import argparse
 
 import torch
-from _common import command_line, interleaved, load_at_end, machine_info, markdown_table, median, setup, write_section
+from _common import (
+    add_device_arguments,
+    command_line,
+    device_and_dtype,
+    interleaved,
+    load_at_end,
+    machine_info,
+    markdown_table,
+    median,
+    setup,
+    write_section,
+)
 from transformers import BertConfig, BertForMaskedLM
 
 from hf_recurrence import IBertForMaskedLM, InductiveBertConfig
@@ -33,6 +44,7 @@ GOAL = 0.9
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_device_arguments(parser)
     parser.add_argument("--hidden-size", type=int, default=256)
     parser.add_argument("--num-layers", type=int, default=4)
     parser.add_argument("--num-heads", type=int, default=4)
@@ -79,34 +91,38 @@ def lstm_step(lstm: torch.nn.LSTM, hidden_states: torch.Tensor, padding_mask: to
     return step
 
 
-def make_batch(args: argparse.Namespace, padded: bool) -> dict[str, torch.Tensor]:
+def make_batch(args: argparse.Namespace, padded: bool, device: torch.device) -> dict[str, torch.Tensor]:
     """Random ids with 15 % of real positions labelled; padded rows are right-padded to random lengths in
-    [seq_len / 2, seq_len], as `Trainer` batches of varying lengths are."""
+    [seq_len / 2, seq_len], as `Trainer` batches of varying lengths are. Drawn on the CPU, so that every device
+    reads the same batches."""
     ids = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len))
     low = args.seq_len // 2 if padded else args.seq_len
     lengths = torch.randint(low, args.seq_len + 1, (args.batch_size, 1))
     attention_mask = (torch.arange(args.seq_len) < lengths).long()  # (batch, seq)
     labels = torch.where((torch.rand(ids.shape) < 0.15) & attention_mask.bool(), ids, -100)
-    return {"input_ids": ids, "attention_mask": attention_mask, "labels": labels}
+    return {"input_ids": ids.to(device), "attention_mask": attention_mask.to(device), "labels": labels.to(device)}
 
 
 def main() -> None:
     args = parse_args()
     setup(args.seed, args.threads)
-    info = machine_info()
+    device, dtype = device_and_dtype(args)
+    info = machine_info(device, dtype)
     bert = BertForMaskedLM(BertConfig(max_position_embeddings=max(512, args.seq_len), **sizes(args)))
     ibert = IBertForMaskedLM(InductiveBertConfig(**sizes(args)))
+    bert, ibert = bert.to(device, dtype), ibert.to(device, dtype)
     lstm = ibert.bert.embeddings.lstm
-    hidden_states = torch.randn(args.batch_size, args.seq_len, args.hidden_size, requires_grad=True)
+    hidden_states = torch.randn(args.batch_size, args.seq_len, args.hidden_size, device=device, dtype=dtype)
+    hidden_states.requires_grad_(True)
     fns = {}
     for kind in ("full", "padded"):
-        batch = make_batch(args, padded=kind == "padded")
+        batch = make_batch(args, padded=kind == "padded", device=device)
         fns |= {
             f"bert_{kind}": training_step(bert, batch),
             f"ibert_{kind}": training_step(ibert, batch),
             f"lstm_{kind}": lstm_step(lstm, hidden_states, batch["attention_mask"]),
         }
-    times = interleaved(fns, repeats=args.repeats, warmup=args.warmup)
+    times = interleaved(fns, repeats=args.repeats, warmup=args.warmup, device=device)
     med = {name: median(t) for name, t in times.items()}
     rows, paired = [], {}
     for kind in ("full", "padded"):

@@ -8,15 +8,19 @@ Run (about 30 minutes on 2 CPU cores with one thread):
 
 `--results-dir DIR` skips training and renders a finished run of
 `examples/inductive_generalization/run_inductive_generalization.py` (its `results.json` and PNG) instead.
+`--device` and `--dtype` pass on to the example's `Trainer`: `--use_cpu` for cpu, the first visible GPU for cuda,
+and bfloat16 or float16 as its mixed precision (`--bf16`, `--fp16`; the weights stay float32).
 """
 
 import argparse
 import importlib.util
 from pathlib import Path
 
+import torch
 from _common import (
     REPO_ROOT,
     command_line,
+    device_and_dtype,
     markdown_table,
     run_or_render,
     run_or_render_arguments,
@@ -36,6 +40,16 @@ CPU_RUN = [
 ]  # fmt: skip
 # Paper, Figure 4a (BERT-base sizes, 50 epochs, GPU): I-BERT's validation sequence accuracy per difficulty.
 PAPER_IBERT = {13: 0.917, 14: 0.813, 15: 0.661, 16: 0.359}
+
+
+def trainer_flags(device: torch.device, dtype: torch.dtype) -> list[str]:
+    """The example's `TrainingArguments` flags for `--device` and `--dtype`."""
+    if device.type == "cuda" and (device.index or 0) != 0:
+        # Trainer takes the first visible GPU; which one that is, is the environment's choice.
+        raise SystemExit(f"--device {device}: Trainer uses cuda:0; pick another GPU with CUDA_VISIBLE_DEVICES")
+    flags = ["--use_cpu", "true"] if device.type == "cpu" else []
+    precision = {torch.bfloat16: ["--bf16", "true"], torch.float16: ["--fp16", "true"]}
+    return flags + precision.get(dtype, [])
 
 
 def run_example(output_dir: Path, extra: list[str]) -> None:
@@ -65,8 +79,9 @@ def results_table(report: dict) -> str:
 def main() -> None:
     args = run_or_render_arguments(__doc__.split("\n\n")[0], threads=1, runs="the example script")
     setup(0, args.threads)
+    extra = [*trainer_flags(*device_and_dtype(args)), *args.extra]
     report, where = run_or_render(
-        args, lambda results_dir: run_example(results_dir, args.extra), {"accuracy_vs_difficulty.png": IMAGE}
+        args, lambda results_dir: run_example(results_dir, extra), {"accuracy_vs_difficulty.png": IMAGE}
     )
     table = results_table(report)
     print(table)

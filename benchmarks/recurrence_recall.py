@@ -14,6 +14,7 @@ import statistics
 import time
 
 import torch
+from _common import add_device_arguments, device_and_dtype, machine_info
 
 from hf_recurrence.key_recall import run_recall_experiment
 
@@ -40,6 +41,7 @@ def format_table(results: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_device_arguments(parser, cuda_dtype="float32")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--batch-size", type=int, default=64)
@@ -63,6 +65,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    device, dtype = device_and_dtype(args)
     start = time.perf_counter()
     results = [
         run_recall_experiment(
@@ -81,15 +84,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
             recurrence_hidden_sizes=tuple(args.recurrence_hidden_sizes),
             initializer_range=args.initializer_range,
             eval_size=args.eval_size,
+            device=device,
+            dtype=dtype,
         )
         for seed in args.seeds
     ]
     settings = {k: v for k, v in results[0]["settings"].items() if k != "seed"}
     print("Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
-    print(
-        f"Recall accuracy on {args.eval_size} held-out sequences "
-        f"(torch {torch.__version__}, torch threads: {torch.get_num_threads()}):"
-    )
+    print(f"Recall accuracy on {args.eval_size} held-out sequences ({machine_info(device, dtype)}):")
     print(format_table(results))
     print(f"Total time: {time.perf_counter() - start:.0f} s")
     return results

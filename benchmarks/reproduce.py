@@ -9,7 +9,7 @@ paper's two claims checked on the numbers, the wall time and the perplexity-vs-F
 
 from pathlib import Path
 
-from _common import REPO_ROOT, run_or_render, run_or_render_arguments, setup, write_section
+from _common import REPO_ROOT, run_or_render, run_or_render_arguments, setup, trainer_device, write_section
 
 from hf_recurrence.cli import main as cli_main
 from hf_recurrence.evaluation import format_table
@@ -27,6 +27,8 @@ PAPER = (
 def main() -> None:
     args = run_or_render_arguments(__doc__.split("\n\n")[0], threads=2, runs="`hf-recurrence reproduce`")
     setup(0, args.threads)
+    if args.results_dir is None:
+        trainer_device(args, "`hf-recurrence reproduce` picks its device and dtype itself")
     command = ["reproduce", *args.extra]
 
     def run(results_dir: Path) -> None:

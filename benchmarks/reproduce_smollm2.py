@@ -10,7 +10,7 @@ finished run instead of running one.
 
 from pathlib import Path
 
-from _common import REPO_ROOT, run_or_render, run_or_render_arguments, setup, write_section
+from _common import REPO_ROOT, run_or_render, run_or_render_arguments, setup, trainer_device, write_section
 
 from hf_recurrence.book_reproduction import describe, goals
 from hf_recurrence.cli import main as cli_main
@@ -29,6 +29,11 @@ POSITIONS = (0, 1, 2, 4, 8, 16, 32, 64)
 def main() -> None:
     args = run_or_render_arguments(__doc__.split("\n\n")[0], threads=2, runs="`hf-recurrence reproduce`")
     setup(0, args.threads)
+    if args.results_dir is None:
+        trainer_device(
+            args,
+            "`hf-recurrence reproduce --preset smollm2` picks its device and dtype itself",
+        )
     command = ["reproduce", "--preset", "smollm2", *args.extra]
 
     def run(results_dir: Path) -> None:

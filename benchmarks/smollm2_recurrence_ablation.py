@@ -15,7 +15,15 @@ import json
 import time
 from pathlib import Path
 
-from _common import load_at_end, machine_info, markdown_table, setup, write_section
+from _common import (
+    add_device_arguments,
+    load_at_end,
+    machine_info,
+    markdown_table,
+    setup,
+    trainer_device,
+    write_section,
+)
 from safetensors.torch import load_file
 
 from hf_recurrence import RecurrentLlamaConfig
@@ -48,19 +56,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reproduction-dir", type=Path, required=True, help="a finished --preset smollm2 run")
     parser.add_argument("--change", type=parse_change, required=True, help="FIELD=VALUE of RecurrentLlamaConfig")
+    add_device_arguments(parser, cuda_dtype="float32")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--note", default="")
     args = parser.parse_args()
     setup(0, args.threads)
-    info = machine_info()
+    # Trained arms compare like for like only in the reproduction's float32, on the device its Trainer picked.
+    device, dtype = trainer_device(
+        args, "the arms are compared with the reproduction's and must be trained the same way"
+    )
+    info = machine_info(device, dtype)
     start = time.perf_counter()
     report = json.loads((args.reproduction_dir / "results.json").read_text())
     settings = BookReproductionSettings(**{**report["settings"], "eval_split": "validation"})
     name, value = args.change
     changed_arm = f"recurrent, {name}={json.dumps(value)}"
     llama, tokenizer, _ = load_llama(settings.model_name_or_path)
-    llama.requires_grad_(False)
+    # Every arm is built on this model's device: the stock model's evaluation runs where the trained arms' does.
+    llama.to(device).requires_grad_(False)
     documents, read = held_out_documents(settings, tokenizer)
     token_nll, perplexity = {}, {}
 

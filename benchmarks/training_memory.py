@@ -12,7 +12,8 @@ warm-up step on two windows, frees the gradients, then resets the kernel's peak-
 /proc/self/clear_refs`) and runs the measured step: `model(ids, labels=ids).loss.backward()` in `model.train()`
 (dropout on). Reported: peak RSS during the step minus RSS just before it, i.e. the step's activations, logits,
 temporaries and parameter gradients on top of the model at rest. A stock `GPT2LMHeadModel` step on one window is
-measured the same way for reference.
+measured the same way for reference. On CUDA (`--device cuda`, bfloat16 unless `--dtype` says otherwise) the peaks
+are `torch.cuda.max_memory_allocated` after `torch.cuda.reset_peak_memory_stats`, minus the memory allocated before.
 
 Default model: n_layer=6, n_embd=384, n_head=6, vocab 50257 (a large vocabulary matters: per-window logits dominate
 activation memory), windows of 128 tokens, batch 1. GPT-2 small with the paper's 300-token windows:
@@ -23,21 +24,25 @@ activation memory), windows of 128 tokens, batch 1. GPT-2 small with the paper's
 import argparse
 import gc
 import json
-import os
-import re
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import torch
 from _common import (
+    add_child_argument,
+    add_device_arguments,
     add_model_shape_arguments,
+    check_peak_memory,
+    clock,
     command_line,
+    device_and_dtype,
     gpt2_dims,
+    in_child,
     load_at_end,
     machine_info,
     markdown_table,
+    memory_name,
+    peak_memory_method,
+    peak_memory_mib,
+    reset_peak_memory,
     setup,
     write_section,
 )
@@ -55,6 +60,7 @@ def parse_args() -> argparse.Namespace:
         parser,
         {"n_layer": 6, "n_embd": 384, "n_head": 6, "vocab_size": 50257, "n_positions": 1024, "window_size": 128},
     )
+    add_device_arguments(parser)
     parser.add_argument("--windows", type=int, default=12, help="windows of the long input (compared with 1)")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--no-stock", action="store_true", help="skip the stock GPT-2 reference")
@@ -63,18 +69,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--write-docs", action="store_true", help="replace this script's section of docs/benchmarks.md"
     )
-    parser.add_argument("--child", help=argparse.SUPPRESS)  # JSON run spec: internal, one configuration
+    add_child_argument(parser)
     return parser.parse_args()
-
-
-def _status_mib(field: str) -> float:
-    match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
-    return int(match.group(1)) / 1024
 
 
 def run_child(args: argparse.Namespace, spec: dict) -> dict:
     """One configuration, in this (fresh) process."""
     setup(args.seed, args.threads)
+    device, dtype = device_and_dtype(args)
     window, windows, batch = args.window_size, spec["windows"], args.batch_size
     dims = gpt2_dims(args)
     if spec["model"] == "stock":
@@ -84,24 +86,23 @@ def run_child(args: argparse.Namespace, spec: dict) -> dict:
             **dims, window_size=window, window_overlap=0, insertion_layer=min(2, args.n_layer - 1)
         )
         model = RecurrentGPT2LMHeadModel(config)
-    model.train()
+    model.to(device, dtype).train()
     if spec["checkpointing"]:
         model.activation_checkpointing_enable()
-    ids = torch.randint(0, args.vocab_size, (batch, windows * window))
+    ids = torch.randint(0, args.vocab_size, (batch, windows * window), device=device)
     warm = ids[:, : min(2, windows) * window] if spec["model"] != "stock" else ids
     model(warm, labels=warm).loss.backward()  # warm-up: lazy initialisation, thread pools, kernels
     model.zero_grad(set_to_none=True)
     del warm
     gc.collect()
 
-    before = _status_mib("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # peak RSS := current RSS
-    start = time.perf_counter()
+    before = reset_peak_memory(device)
+    start = clock(device)
     loss = model(ids, labels=ids).loss
-    forward_peak = _status_mib("VmHWM")
+    forward_peak = peak_memory_mib(device)
     loss.backward()
-    seconds = time.perf_counter() - start
-    peak = _status_mib("VmHWM")
+    seconds = clock(device) - start
+    peak = peak_memory_mib(device)
     grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     return {
@@ -116,30 +117,15 @@ def run_child(args: argparse.Namespace, spec: dict) -> dict:
     }
 
 
-def spawn(spec: dict) -> dict:
-    argv = [a for a in sys.argv[1:] if a != "--write-docs"]
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    proc = subprocess.run(
-        [sys.executable, __file__, *argv, "--child", json.dumps(spec)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        sys.exit(f"child {spec} failed:\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     args = parse_args()
     if args.child:
         print(json.dumps(run_child(args, json.loads(args.child))))
         return
-    if not Path("/proc/self/clear_refs").exists():
-        sys.exit("this benchmark reads peak RSS from Linux's /proc/self/status and needs /proc/self/clear_refs")
+    device, dtype = device_and_dtype(args)
+    check_peak_memory(device)
     setup(args.seed, args.threads)
-    info = machine_info()
+    info = machine_info(device, dtype)
     n = args.windows
     specs = {
         ("recurrent", True, 1): {"model": "recurrent", "checkpointing": True, "windows": 1},
@@ -151,7 +137,7 @@ def main() -> None:
         specs[("stock", False, 1)] = {"model": "stock", "checkpointing": False, "windows": 1}
     results = {}
     for key, spec in specs.items():
-        results[key] = spawn(spec)
+        results[key] = in_child(spec)
         print(f"{key}: {results[key]}", flush=True)
 
     window = args.window_size
@@ -190,7 +176,7 @@ def main() -> None:
     print(ratio_table)
     print(
         f"\n{n} windows: checkpointing off / on = {saving:.2f}x peak memory; model at rest "
-        f"{r1['before_mib']:.0f} MiB RSS ({r1['params_mib']:.0f} MiB parameters), gradients {r1['grads_mib']:.0f} MiB"
+        f"{r1['before_mib']:.0f} MiB {memory_name(device)} ({r1['params_mib']:.0f} MiB parameters), gradients {r1['grads_mib']:.0f} MiB"
     )
     if args.write_docs:
         write_section("training_memory", docs_section(args, info, table, ratio_table, saving, results, ratio(True)))
@@ -199,6 +185,7 @@ def main() -> None:
 def docs_section(args, info, table, ratio_table, saving, results, goal_ratio) -> str:
     n, window = args.windows, args.window_size
     r1 = results[("recurrent", True, 1)]
+    device, _ = device_and_dtype(args)
     one_window = [
         f"{r1['step_mib']:.0f} MiB with checkpointing",
         f"{results[('recurrent', False, 1)]['step_mib']:.0f} without",
@@ -219,15 +206,13 @@ weights; windows of {window} tokens, overlap 0, batch {args.batch_size}; `model.
 `labels=input_ids`, one `loss.backward()`. Checkpointing is `model.activation_checkpointing_enable()`: each window
 is recomputed in backward, only its `h_prev`/pooled summary and loss are kept.
 
-Method: each row is a fresh subprocess. After an untimed warm-up step the gradients are freed, the kernel's
-peak-RSS counter is reset (`/proc/self/clear_refs`), and the peaks are peak RSS minus RSS just before the measured
-step: "forward peak" up to the end of the forward pass, "step peak" up to the end of `backward()`. They count
-activations, logits, autograd buffers and the parameter gradients ({r1["grads_mib"]:.0f} MiB here), not the model at
-rest ({r1["before_mib"]:.0f} MiB of RSS, of which {r1["params_mib"]:.0f} MiB parameters) nor optimizer state, which
-would make every ratio closer to 1. glibc's `MALLOC_MMAP_THRESHOLD_=65536` makes every allocation of 64 KiB or more
-its own mapping, returned to the system when freed, so RSS follows live tensor memory instead of the allocator's
-high-water mark. Step times are those of the measured step (noisy, and with that allocator setting; not a speed
-benchmark).
+Method: each row is a fresh subprocess. After an untimed warm-up step the gradients are freed, the peak-memory
+counter is reset, and the peaks are the peak minus the memory in use just before the measured step: "forward peak"
+up to the end of the forward pass, "step peak" up to the end of `backward()`. They count activations, logits,
+autograd buffers and the parameter gradients ({r1["grads_mib"]:.0f} MiB here), not the model at rest
+({r1["before_mib"]:.0f} MiB of {memory_name(device)}, of which {r1["params_mib"]:.0f} MiB parameters) nor optimizer
+state, which would make every ratio closer to 1. Memory is {peak_memory_method(device)}. Step times are those of the
+measured step (noisy, and with that allocator setting; not a speed benchmark).
 
 {table}
 

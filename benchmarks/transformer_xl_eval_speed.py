@@ -25,8 +25,10 @@ import argparse
 
 import torch
 from _common import (
+    add_device_arguments,
     add_transformer_xl_shape_arguments,
     command_line,
+    device_and_dtype,
     interleaved,
     load_at_end,
     machine_info,
@@ -48,6 +50,7 @@ def parse_args() -> argparse.Namespace:
     add_transformer_xl_shape_arguments(
         parser, {"n_layer": 6, "d_model": 512, "n_head": 8, "d_head": 64, "d_inner": 2048, "vocab_size": 8000}
     )
+    add_device_arguments(parser)
     parser.add_argument("--spans", type=int, nargs="+", default=[256, 512, 1024])
     parser.add_argument("--segment-length", type=int, default=128, help="tokens per call of the segment mode")
     parser.add_argument("--cached-tokens", type=int, default=256, help="tokens predicted per timed segment-mode run")
@@ -77,8 +80,8 @@ def predict_vanilla(model: TransformerXLLMHeadModel, context: torch.Tensor, toke
 def measure(model: TransformerXLLMHeadModel, span: int, args: argparse.Namespace) -> dict[str, float]:
     """Median seconds per predicted token of every mode."""
     config = model.config
-    context = torch.randint(0, config.vocab_size, (1, span))
-    tokens = torch.randint(0, config.vocab_size, (1, args.cached_tokens))
+    context = torch.randint(0, config.vocab_size, (1, span), device=model.device)
+    tokens = torch.randint(0, config.vocab_size, (1, args.cached_tokens), device=model.device)
 
     def reuse(per_call: int):
         config.mem_len, config.segment_length, config.same_length = span, args.segment_length, True
@@ -102,7 +105,7 @@ def measure(model: TransformerXLLMHeadModel, span: int, args: argparse.Namespace
             lambda: predict_vanilla(model, context, tokens[:, : args.vanilla_tokens], span), 0, span + 1
         ),
     }
-    times = interleaved(fns, repeats=args.repeats)
+    times = interleaved(fns, repeats=args.repeats, device=model.device)
     counts = {"segments": args.cached_tokens, "token by token": args.single_tokens, "vanilla": args.vanilla_tokens}
     return {name: median(times[name]) / counts[name] for name in fns}
 
@@ -110,9 +113,10 @@ def measure(model: TransformerXLLMHeadModel, span: int, args: argparse.Namespace
 def main() -> None:
     args = parse_args()
     setup(args.seed, args.threads)
+    device, dtype = device_and_dtype(args)
     config = TransformerXLConfig(**transformer_xl_dims(args), dropout=0.0)
-    model = TransformerXLLMHeadModel(config).eval()
-    info = machine_info()
+    model = TransformerXLLMHeadModel(config).to(device, dtype).eval()
+    info = machine_info(device, dtype)
     rows, ratios = [], []
     with torch.inference_mode():
         for span in args.spans:

@@ -24,8 +24,10 @@ import time
 
 import torch
 from _common import (
+    add_device_arguments,
     add_transformer_xl_shape_arguments,
     command_line,
+    device_and_dtype,
     load_at_end,
     machine_info,
     markdown_table,
@@ -43,6 +45,7 @@ def parse_args() -> argparse.Namespace:
     add_transformer_xl_shape_arguments(
         parser, {"n_layer": 4, "d_model": 128, "n_head": 4, "d_head": 32, "d_inner": 512, "vocab_size": 2000}
     )
+    add_device_arguments(parser, cuda_dtype="float32")
     parser.add_argument("--segment-length", type=int, default=32)
     parser.add_argument("--mem-len", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -119,15 +122,17 @@ def perplexity(model: TransformerXLLMHeadModel, tokens: torch.Tensor, streams: i
 def main() -> None:
     args = parse_args()
     setup(args.seed, args.threads)
-    info = machine_info()
+    device, dtype = device_and_dtype(args)
+    info = machine_info(device, dtype)
     train_tokens, eval_tokens, vocab_size = corpus(args)
+    train_tokens, eval_tokens = train_tokens.to(device), eval_tokens.to(device)
     config = TransformerXLConfig(
         **{**transformer_xl_dims(args), "vocab_size": vocab_size},
         segment_length=args.segment_length,
         mem_len=args.mem_len,
         dropout=0.1,
     )
-    model = TransformerXLLMHeadModel(config)
+    model = TransformerXLLMHeadModel(config).to(device, dtype)
     steps, train_loss = train(model, train_tokens, args)
     print(f"trained {steps} steps of {args.batch_size} x {args.segment_length} tokens, final loss {train_loss:.3f}")
     rows = []

@@ -131,7 +131,7 @@ def train(
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
         ids, labels, _ = make_recall_batch(batch_size, window_size, vocab, num_windows, generator)
-        loss = recall_loss(model, recurrent, window_size, ids, labels)
+        loss = recall_loss(model, recurrent, window_size, ids.to(model.device), labels.to(model.device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -157,10 +157,13 @@ def run_recall_experiment(
     recurrence_hidden_sizes: tuple[int, ...] = (64,),
     initializer_range: float = 0.1,
     eval_size: int = 2048,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> dict:
     """Train the recurrent GPT-2 and its no-recurrence baseline on the recall task; score both on held-out data.
 
-    Both start from the same weights and see the same training batches. Returns a dict with `recurrent_accuracy`,
+    Both start from the same weights and see the same training batches (drawn on the CPU, then moved to `device`,
+    so that every device trains on the same data); the models run on `device` in `dtype`. Returns a dict with `recurrent_accuracy`,
     `baseline_accuracy`, `swapped_accuracy` (the recurrent model with every row's earlier windows taken from another
     row, scored against the row's own key), `chance` (= 1 / num_keys), the final training losses and seconds, and
     `settings`.
@@ -194,9 +197,11 @@ def run_recall_experiment(
         initializer_range=initializer_range,
         seed=seed,
     )
+    recurrent, baseline = recurrent.to(device, dtype), baseline.to(device, dtype)
     # Held-out evaluation data from a stream the training batches never use.
     eval_generator = torch.Generator().manual_seed(seed + 1_000_003)
     eval_ids, _, eval_keys = make_recall_batch(eval_size, window_size, vocab, num_windows, eval_generator)
+    eval_ids, eval_keys = eval_ids.to(device), eval_keys.to(device)
     train_kwargs = {
         "steps": steps,
         "batch_size": batch_size,
