@@ -46,6 +46,16 @@ VIEWS_AND_PLUMBING = """select slice view expand as_strided unsqueeze squeeze tr
 alias detach empty empty_like empty_strided resolve_conj resolve_neg to _to_copy expand_as contiguous result_type
 lift_fresh split chunk unbind _reshape_alias view_as dropout"""
 NOT_KERNELS = {"aten::" + name for name in VIEWS_AND_PLUMBING.split()}
+# Operators whose output's size depends on the input's values: on CUDA the host reads that size from the device
+# before it can go on, as it does for a value. (A value read, `.item()`, `bool(t)` or `int(t)`, ends in one
+# `aten::_local_scalar_dense`; its callers `aten::item` and `aten::is_nonzero` are not counted again.)
+VALUE_SHAPED = {
+    "aten::nonzero",
+    "aten::_unique2",
+    "aten::unique_dim",
+    "aten::unique_consecutive",
+    "aten::masked_select",
+}
 
 
 def parse_args() -> argparse.Namespace:
@@ -89,17 +99,29 @@ def models(args: argparse.Namespace) -> dict[str, torch.nn.Module]:
     }  # fmt: skip
 
 
+def is_host_read(event) -> bool:
+    """A value read, or the outermost of nested value-shaped operators (`x[mask]` runs `aten::nonzero` inside)."""
+    if event.name == "aten::_local_scalar_dense":
+        return True
+    parent = event.cpu_parent
+    while parent is not None and parent.name not in VALUE_SHAPED:
+        parent = parent.cpu_parent
+    return event.name in VALUE_SHAPED and parent is None
+
+
 def count(fn, device: torch.device) -> tuple[int, int]:
-    """(host reads of a tensor value, kernels) of one call of `fn`."""
+    """(host reads of the device's results, kernels) of one call of `fn`."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as profiler:
         fn()
         synchronize(device)
     events = profiler.events()
-    reads = sum(1 for e in events if e.name == "aten::_local_scalar_dense")
     if device.type == "cuda":
+        # Every read ends in a device-to-host copy; `.tolist()` and `.cpu()` too, which the CPU's events miss.
+        reads = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA and "DtoH" in e.name)
         kernels = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
     else:
+        reads = sum(1 for e in events if is_host_read(e))
         kernels = sum(
             1 for e in events if e.name.startswith("aten::") and not e.cpu_children and e.name not in NOT_KERNELS
         )
