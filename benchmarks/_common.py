@@ -46,6 +46,17 @@ ones, so timing ratios taken while the probe is high are not to be trusted; reru
 """
 
 
+# GPT-2 small (124M) with the paper's 300-token windows.
+GPT2_SMALL_SHAPE = {
+    "n_layer": 12,
+    "n_embd": 768,
+    "n_head": 12,
+    "vocab_size": 50257,
+    "n_positions": 1024,
+    "window_size": 300,
+}
+
+
 def add_model_shape_arguments(parser: argparse.ArgumentParser, shape: dict[str, int]) -> None:
     """The GPT-2 shape flags every benchmark takes, with that benchmark's defaults."""
     for name in ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "window_size"):
@@ -219,6 +230,24 @@ CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 def add_child_argument(parser: argparse.ArgumentParser) -> None:
     """The internal `--child SPEC` of a benchmark that runs each measurement in a fresh process (`in_child`)."""
     parser.add_argument("--child", help=argparse.SUPPRESS)
+
+
+def run_if_child(args: argparse.Namespace, run_child: Callable[[argparse.Namespace, dict], dict]) -> bool:
+    """In a process started by `in_child`: run the measurement `run_child(args, spec)` for its `--child` spec and print
+    the result for the parent. Returns whether this process was such a child."""
+    if args.child is None:
+        return False
+    print(json.dumps(run_child(args, json.loads(args.child))))
+    return True
+
+
+def peak_memory_setup(args: argparse.Namespace) -> tuple[torch.device, torch.dtype, str]:
+    """The parent's side of a peak-memory benchmark: the device (checked that its peak can be read) and dtype, the
+    seeded set-up, and the machine line."""
+    device, dtype = device_and_dtype(args)
+    check_peak_memory(device)
+    setup(args.seed, args.threads)
+    return device, dtype, machine_info(device, dtype)
 
 
 def in_child(spec: dict) -> dict:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 from _common import (
+    GPT2_SMALL_SHAPE,
     add_device_arguments,
     add_model_shape_arguments,
     command_line,
@@ -51,10 +52,7 @@ GOAL = 1.03
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_model_shape_arguments(
-        parser,
-        {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024, "window_size": 300},
-    )
+    add_model_shape_arguments(parser, GPT2_SMALL_SHAPE)
     add_device_arguments(parser)
     parser.add_argument("--windows", type=int, default=2, help="input length = windows * window_size")
     parser.add_argument("--batch-size", type=int, default=1)

@@ -23,26 +23,25 @@ activation memory), windows of 128 tokens, batch 1. GPT-2 small with the paper's
 
 import argparse
 import gc
-import json
 
 import torch
 from _common import (
     add_child_argument,
     add_device_arguments,
     add_model_shape_arguments,
-    check_peak_memory,
     clock,
     command_line,
     device_and_dtype,
     gpt2_dims,
     in_child,
     load_at_end,
-    machine_info,
     markdown_table,
     memory_name,
     peak_memory_method,
     peak_memory_mib,
+    peak_memory_setup,
     reset_peak_memory,
+    run_if_child,
     setup,
     write_section,
 )
@@ -119,13 +118,9 @@ def run_child(args: argparse.Namespace, spec: dict) -> dict:
 
 def main() -> None:
     args = parse_args()
-    if args.child:
-        print(json.dumps(run_child(args, json.loads(args.child))))
+    if run_if_child(args, run_child):
         return
-    device, dtype = device_and_dtype(args)
-    check_peak_memory(device)
-    setup(args.seed, args.threads)
-    info = machine_info(device, dtype)
+    device, dtype, info = peak_memory_setup(args)
     n = args.windows
     specs = {
         ("recurrent", True, 1): {"model": "recurrent", "checkpointing": True, "windows": 1},
