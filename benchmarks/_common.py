@@ -43,6 +43,14 @@ waits for its worker thread to be scheduled. A model that runs many small operat
 recurrent model's per-layer pooling and mask bookkeeping) is slowed far more by that than one that runs a few big
 ones, so timing ratios taken while the probe is high are not to be trusted; rerun on an idle machine, or with
 `--threads 1`, which has no parallel regions to wait for. Memory numbers do not depend on load.
+
+Every script takes `--device` (cpu, cuda or cuda:N; cuda when there is one) and `--dtype` (float32, bfloat16 or
+float16; float32 on the CPU, and on CUDA bfloat16 where speed or memory is measured, float32 where a trained
+model's quality is). On CUDA the timers wait for the device's queue (`torch.cuda.synchronize`) and peak memory is
+`torch.cuda.max_memory_allocated`; the machine line names the GPU and the dtype. The scripts that run another
+program take the device and dtype that program runs in and refuse others by name (`reproduce.py`,
+`reproduce_smollm2.py`, `smollm2_recurrence_ablation.py`: the stock `Trainer`'s device, float32), or pass them on
+(`inductive_generalization.py`: to the example's `Trainer`).
 """
 
 
