@@ -103,6 +103,10 @@ def test_context_is_unbounded_and_what_cannot_work_is_refused(setup):
     assert RecurrentHFLM(pretrained=setup["model"], device="cpu", max_length=512).max_length == 512
     with pytest.raises(ValueError, match="'gpt2' model; hf-recurrence evaluates the recurrent causal families"):
         RecurrentHFLM(pretrained=str(DEFAULT_MODEL), device="cpu")
+    # A loaded model, with its tokenizer, is taken as lm-eval's `hf` takes one.
+    loaded = RecurrentGPT2LMHeadModel.from_pretrained(setup["model"])
+    tokenizer = AutoTokenizer.from_pretrained(setup["model"])
+    assert RecurrentHFLM(pretrained=loaded, tokenizer=tokenizer, device="cpu").max_length == UNBOUNDED_CONTEXT
     with pytest.raises(ValueError, match="batch_size='auto' cannot be used"):
         RecurrentHFLM(pretrained=setup["model"], device="cpu", batch_size="auto")
 
