@@ -23,6 +23,7 @@ from hf_recurrence import RecurrentGPT2LMHeadModel  # noqa: E402
 from hf_recurrence.integrations.lm_eval import UNBOUNDED_CONTEXT, RecurrentHFLM  # noqa: E402
 
 from .common import SRC_ROOT, tiny_recurrent_config  # noqa: E402
+from .families import STATEFUL_FAMILIES  # noqa: E402
 
 
 DEFAULT_MODEL = SRC_ROOT / "hf_recurrence" / "default_model"  # a stock GPT-2 (and the tokenizer used here)
@@ -102,5 +103,56 @@ def test_context_is_unbounded_and_what_cannot_work_is_refused(setup):
     assert RecurrentHFLM(pretrained=setup["model"], device="cpu", max_length=512).max_length == 512
     with pytest.raises(ValueError, match="'gpt2' model; hf-recurrence evaluates the recurrent causal families"):
         RecurrentHFLM(pretrained=str(DEFAULT_MODEL), device="cpu")
+    # A loaded model, with its tokenizer, is taken as lm-eval's `hf` takes one.
+    loaded = RecurrentGPT2LMHeadModel.from_pretrained(setup["model"])
+    tokenizer = AutoTokenizer.from_pretrained(setup["model"])
+    assert RecurrentHFLM(pretrained=loaded, tokenizer=tokenizer, device="cpu").max_length == UNBOUNDED_CONTEXT
     with pytest.raises(ValueError, match="batch_size='auto' cannot be used"):
         RecurrentHFLM(pretrained=setup["model"], device="cpu", batch_size="auto")
+
+
+@pytest.mark.slow  # about 30 s per family on 2 CPU cores
+@pytest.mark.parametrize("family", STATEFUL_FAMILIES, ids=lambda f: f.name)
+def test_every_request_type_equals_the_model_alone_in_batches_of_two(family, tmp_path):
+    """Rolling perplexity, a long-context log-likelihood and generation, two requests of different lengths per batch
+    (right-padded for scoring, left-padded for generation), against the model run on each request alone."""
+    from lm_eval.api.instance import Instance
+
+    tokenizer = AutoTokenizer.from_pretrained(DEFAULT_MODEL)
+    family.head(vocab_size=len(tokenizer)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    lm = RecurrentHFLM(pretrained=str(tmp_path), device="cpu", batch_size=2)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    texts = [(stdlib / "textwrap.py").read_text()[:1500], (stdlib / "shlex.py").read_text()[:900]]
+
+    def log_likelihood(ids: list[int], scored: int) -> float:
+        """Summed log-probability of the last `scored` of `ids`, read alone in one forward."""
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            log_probs = lm.model(x).logits[0, :-1].log_softmax(-1).gather(-1, x[0, 1:, None])[:, 0]
+        return log_probs[-scored:].sum().item()
+
+    rolling = lm.loglikelihood_rolling(
+        [Instance("loglikelihood_rolling", {}, (text,), i) for i, text in enumerate(texts)], disable_tqdm=True
+    )
+    for score, text in zip(rolling, texts, strict=True):
+        ids = tokenizer(text)["input_ids"]
+        assert score == pytest.approx(log_likelihood([tokenizer.eos_token_id, *ids], len(ids)), rel=1e-5)
+
+    continuation = " return"
+    scored = lm.loglikelihood(
+        [Instance("loglikelihood", {}, (text, continuation), i) for i, text in enumerate(texts)], disable_tqdm=True
+    )
+    for (score, _), text in zip(scored, texts, strict=True):
+        context = tokenizer(text)["input_ids"]
+        whole = tokenizer(text + continuation)["input_ids"]
+        assert score == pytest.approx(log_likelihood(whole, len(whole) - len(context)), rel=1e-5)
+
+    settings = {"max_gen_toks": 5, "until": ["\n\n\n"], "do_sample": False}
+    generated = lm.generate_until(
+        [Instance("generate_until", {}, (text, settings), i) for i, text in enumerate(texts)], disable_tqdm=True
+    )
+    for text_out, text in zip(generated, texts, strict=True):
+        prompt = torch.tensor([tokenizer(text)["input_ids"]])
+        alone = lm.model.generate(prompt, max_new_tokens=5, do_sample=False)
+        assert text_out == tokenizer.decode(alone[0, prompt.shape[1] :])

@@ -9,8 +9,8 @@ What differs from 4.x, and how the conversion handles it (docs/models/transforme
 - 4.x processes each call as one segment; `segment_length` is a setting here (given, or 4.x's `mem_len`).
 - 4.x's output layers have biases: the adaptive softmax here has them too.
 - 4.x does not scale `inputs_embeds` by `sqrt(d_model)`; this model does (ids are scaled alike in both).
-- Only 4.x's relative attention (`attn_type=0`), post-norm or pre-norm without a final norm being needed: 4.x has no
-  final layer norm after pre-norm layers, this model has one, so `pre_lnorm=True` checkpoints are refused.
+- Only 4.x's relative attention (`attn_type=0`) and post-norm layers convert: 4.x has no final layer norm after
+  pre-norm layers and this model has one, so `pre_lnorm=True` checkpoints are refused.
 """
 
 import json

@@ -23,7 +23,6 @@ import sys
 
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
-from transformers import AutoConfig
 
 from ..models import RecurrentGPT2Config, RecurrentLlamaConfig, TransformerXLConfig
 
@@ -38,37 +37,28 @@ CAUSAL_MODEL_TYPES = tuple(
 @register_model("hf-recurrence")
 class RecurrentHFLM(HFLM):
     """lm-eval's `hf` model for the recurrent causal families, whose context is unbounded: every model argument of
-    `hf` is accepted; `max_length` defaults to `UNBOUNDED_CONTEXT` instead of one window."""
+    `hf` is accepted (a model id or folder, or a loaded model with its tokenizer); `max_length` defaults to
+    `UNBOUNDED_CONTEXT` instead of one window."""
 
-    def __init__(self, pretrained: str, max_length: int | None = None, batch_size: int | str = 1, **kwargs) -> None:
+    def __init__(self, pretrained, max_length: int | None = None, batch_size: int | str = 1, **kwargs) -> None:
         if str(batch_size).startswith("auto"):
             # lm-eval's batch size search runs a batch of max_length tokens: here, a billion.
             raise ValueError(
                 f"batch_size={batch_size!r} cannot be used with hf-recurrence: lm-eval finds it by running batches "
                 "of max_length tokens, and the recurrent models' max_length is unbounded; give a number"
             )
-        _check_causal_family(pretrained, kwargs)
         super().__init__(
-            pretrained=pretrained,
-            backend="causal",
-            max_length=max_length or UNBOUNDED_CONTEXT,
-            batch_size=batch_size,
-            **kwargs,
+            pretrained=pretrained, max_length=max_length or UNBOUNDED_CONTEXT, batch_size=batch_size, **kwargs
         )
 
-
-def _check_causal_family(pretrained: str, kwargs: dict) -> None:
-    """Refuse, before lm-eval loads the weights, a model that is not one of the recurrent causal families."""
-    if not isinstance(pretrained, str):
-        raise ValueError(f"pretrained must be a model folder or Hub id, got {type(pretrained).__name__}")
-    config = AutoConfig.from_pretrained(
-        pretrained, revision=kwargs.get("revision", "main"), trust_remote_code=kwargs.get("trust_remote_code", False)
-    )
-    if config.model_type not in CAUSAL_MODEL_TYPES:
-        raise ValueError(
-            f"{pretrained} is a {config.model_type!r} model; hf-recurrence evaluates the recurrent causal families "
-            f"({', '.join(CAUSAL_MODEL_TYPES)}). Use lm-eval's own `hf` model for other models"
-        )
+    def _get_backend(self, config, backend: str = "default", trust_remote_code: bool | None = False) -> None:
+        # HFLM calls this with the model's config before it loads the tokenizer or the weights.
+        if config.model_type not in CAUSAL_MODEL_TYPES:
+            raise ValueError(
+                f"{config.name_or_path or 'This model'} is a {config.model_type!r} model; hf-recurrence evaluates the "
+                f"recurrent causal families ({', '.join(CAUSAL_MODEL_TYPES)}). Use lm-eval's own `hf` model for others"
+            )
+        super()._get_backend(config=config, backend="causal", trust_remote_code=trust_remote_code)
 
 
 def main() -> None:

@@ -34,7 +34,12 @@ def register_peft_defaults() -> bool:
     """Add our model types to PEFT's default target modules; returns False (and does nothing) without PEFT."""
     if importlib.util.find_spec("peft") is None:
         return False
-    mappings = _default_mappings()
+    try:
+        mappings = _default_mappings()
+    except ImportError:
+        # A PEFT that cannot be imported beside this transformers must not make hf_recurrence unimportable; using it
+        # will say what is wrong.
+        return False
     for mapping in mappings.values():
         for ours, stock in SAME_MODULE_NAMES_AS.items():
             if stock in mapping:
