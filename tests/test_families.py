@@ -78,6 +78,33 @@ def test_trainer_updates_every_parameter(family, tmp_path):
 
 
 @by_family(STATEFUL_FAMILIES)
+def test_trainer_evaluation_gives_compute_metrics_the_logits(family, tmp_path):
+    # run_clm.py's metric: argmax predictions (preprocess_logits_for_metrics), then next-token accuracy.
+    def argmax(logits, labels):
+        return logits[0].argmax(-1) if isinstance(logits, tuple) else logits.argmax(-1)
+
+    def accuracy(predictions):
+        predicted, labels = predictions
+        return {"accuracy": float((predicted[:, :-1] == labels[:, 1:]).mean())}
+
+    model = family.head()
+    blocks = RandomBlocks(4, 30)
+    trainer = Trainer(
+        model=model,
+        args=tiny_training_arguments(tmp_path),
+        eval_dataset=blocks,
+        compute_metrics=accuracy,
+        preprocess_logits_for_metrics=argmax,
+    )
+    with torch.no_grad():
+        expected = (model(blocks.ids).logits.argmax(-1)[:, :-1] == blocks.ids[:, 1:]).float().mean().item()
+    assert trainer.evaluate()["eval_accuracy"] == pytest.approx(expected)
+    assert trainer.predict(blocks).predictions.shape == (4, 30)
+    # Training still takes the memory-lean path: the loss without the (tokens, vocab) logits.
+    assert model.train()(blocks.ids, labels=blocks.ids).logits is None
+
+
+@by_family(STATEFUL_FAMILIES)
 def test_chunked_calls_carrying_the_state_equal_one_call(family):
     model = family.head(window_overlap=3) if "window_overlap" in family.saved_settings else family.head()
     ids = family.inputs(length=30)["input_ids"]

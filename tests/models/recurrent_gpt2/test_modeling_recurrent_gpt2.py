@@ -108,9 +108,13 @@ class TestForward:
         expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 99), labels[:, 1:].reshape(-1))
         torch.testing.assert_close(out.loss, expected)
 
-    def test_labels_do_not_return_logits_unless_asked(self):
+    def test_labels_return_logits_in_eval_mode_only(self):
         model = make_model()
         ids = torch.randint(0, 99, (2, 20))
+        # Evaluation (Trainer's prediction_step) gets the logits; training keeps the window-by-window loss.
+        assert model(ids, labels=ids).logits.shape == (2, 20, 99)
+        assert model(ids, labels=ids, return_logits=False).logits is None
+        model.train()
         assert model(ids, labels=ids).logits is None
         assert model(ids, labels=ids, return_logits=True).logits.shape == (2, 20, 99)
 

@@ -1238,11 +1238,12 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
                 As in [`TransformerXLModel.forward`].
             labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
                 Targets, usually `input_ids`; shifted inside the model (`-100` and padding positions are ignored).
-                The loss is computed segment by segment, so the `(tokens, vocab)` logits are never materialised
-                for it unless they are asked for. With packed `position_ids`, the last token of a document predicts
-                nothing (not the next document's first token).
+                In training mode the loss is computed segment by segment, so the `(tokens, vocab)` logits are never
+                materialised for it unless they are asked for. With packed `position_ids`, the last token of a
+                document predicts nothing (not the next document's first token).
             return_logits (`bool`, *optional*):
-                Whether to return the logits. Defaults to `True` without `labels` and `False` with them.
+                Whether to return the logits. Defaults to `True`, except with `labels` in training mode (`False`: the
+                memory-lean segment-by-segment loss). `False` in eval mode gives the loss alone, segment by segment.
             logits_to_keep (`int` or `torch.Tensor`, *optional*, defaults to 0):
                 An int: return the logits of the last `logits_to_keep` positions only (0: all), as `generate()` asks
                 for when it reads a prompt, so that reading a long prompt never holds its `(length, vocab)` logits.
@@ -1265,7 +1266,9 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
             output_hidden_states, output_attentions
         )
         shift_labels = self._targets(labels, kwargs.get("shift_labels"), real, kwargs.get("position_ids"))
-        keep_logits = shift_labels is None if return_logits is None else return_logits
+        # Training needs only the loss, so it skips the (tokens, vocab) logits; evaluation (Trainer's prediction_step
+        # calls the model with labels in eval mode) gets them, as from a stock causal LM, for compute_metrics.
+        keep_logits = (shift_labels is None or not self.training) if return_logits is None else return_logits
         num_items = None
         if shift_labels is not None:
             num_items = kwargs.get("num_items_in_batch")
