@@ -68,6 +68,22 @@ def test_grid_over_text_files(saved_models, tmp_path, capsys):
     assert "evaluated at its overlap 2 only" in printed
 
 
+def test_transformer_xl_is_evaluated_with_its_memory_at_its_segment_length(saved_models, tmp_path, capsys):
+    root, models, tokenizer = saved_models
+    text = "def add(a, b):\n    return a + b\n" * 6
+    (tmp_path / "doc.txt").write_text(text)
+    argv = [str(root / "transformer_xl"), "--windows", "8", "16", "--overlaps", "0", "2", "--text_file"]
+    assert evaluate_command.run(parse([*argv, str(tmp_path / "doc.txt"), "--output_dir", str(tmp_path / "o")])) == 0
+
+    (row,) = json.loads((tmp_path / "o" / "results.json").read_text())["rows"]
+    model = models["transformer_xl"].eval()
+    ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        assert row["nll"] == pytest.approx(model(ids, labels=ids).loss.item(), rel=1e-5)
+    assert (row["window_size"], row["overlap"]) == (model.config.segment_length, 0)
+    assert "evaluated in its own segments of 8 tokens with its memory" in capsys.readouterr().out
+
+
 def test_standard_library_test_split_through_the_cli(saved_models, tmp_path):
     root, _, _ = saved_models
     argv = [str(root / "baseline"), "--windows", "16", "--corpus", "python-stdlib-test", "--max_documents", "1"]

@@ -1,5 +1,5 @@
 """windowed_perplexity against the definition (stock GPT-2 / Llama) and against the model's own loss (recurrent
-GPT-2 / Llama)."""
+GPT-2 / Llama, Transformer-XL)."""
 
 import math
 
@@ -15,10 +15,16 @@ from transformers import (
     MistralForCausalLM,
 )
 
-from hf_recurrence import RecurrentGPT2LMHeadModel, RecurrentLlamaForCausalLM
+from hf_recurrence import RecurrentGPT2LMHeadModel, RecurrentLlamaForCausalLM, TransformerXLLMHeadModel
 from hf_recurrence.evaluation import METRIC_PATH, flops_per_token, perplexity, window_schedule, windowed_perplexity
 
-from ..common import TINY_GPT2, TINY_LLAMA, tiny_recurrent_config, tiny_recurrent_llama_config
+from ..common import (
+    TINY_GPT2,
+    TINY_LLAMA,
+    tiny_recurrent_config,
+    tiny_recurrent_llama_config,
+    tiny_transformer_xl_config,
+)
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +144,51 @@ def test_recurrent_model_equals_its_own_loss(overlap, family, monkeypatch):
     assert result.num_tokens == 22 + 69 + 4
     assert (result.window_size, result.overlap) == (8, overlap)
     assert result.nll == pytest.approx(total / result.num_tokens, rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def transformer_xl():
+    torch.manual_seed(0)
+    # Wide initial weights: sharper predictions, so reading with and without the memory differs clearly.
+    return TransformerXLLMHeadModel(tiny_transformer_xl_config(initializer_range=0.5)).eval()
+
+
+def test_transformer_xl_is_read_with_its_memory_and_equals_its_own_loss(transformer_xl, monkeypatch):
+    # Chunks of 11 columns: the evaluation must round them to whole segments (8) to keep the one-shot schedule.
+    monkeypatch.setattr(perplexity, "RECURRENT_CHUNK_TOKENS", 11)
+    documents = [torch.randint(1, 99, (length,)) for length in (23, 70, 5)]
+    result = windowed_perplexity(transformer_xl, documents, batch_size=2, show_progress=False)
+
+    with torch.no_grad():
+        losses = [transformer_xl(doc[None], labels=doc[None]).loss.item() for doc in documents]
+    total = sum(loss * (len(doc) - 1) for loss, doc in zip(losses, documents, strict=True))
+    assert (result.window_size, result.overlap, result.flops_per_token) == (8, 0, None)
+    assert result.nll == pytest.approx(total / result.num_tokens, rel=1e-5)
+    # The memory matters: independent 8-token windows would score these documents differently.
+    with torch.no_grad():
+        independent = sum(
+            transformer_xl(doc[None, start : start + 9], labels=doc[None, start : start + 9]).loss.item()
+            * (len(doc[start : start + 9]) - 1)
+            for doc in documents
+            for start in range(0, len(doc) - 1, 8)
+        )
+    assert abs(independent / result.num_tokens - result.nll) > 0.01
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [({"window_size": 16}, r"window_size=16 .*segment_length=8"), ({"overlap": 2}, r"overlap=2 .*mem_len=6")],
+)
+def test_transformer_xl_refuses_another_schedule(transformer_xl, kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        windowed_perplexity(transformer_xl, torch.randint(1, 99, (30,)), show_progress=False, **kwargs)
+
+
+def test_evaluate_module_reads_transformer_xl_with_its_memory(transformer_xl):
+    documents = [torch.randint(1, 99, (40,)).tolist(), torch.randint(1, 99, (23,)).tolist()]
+    result = evaluate.load(METRIC_PATH).compute(input_ids=documents, model=transformer_xl)
+    assert result == pytest.approx(windowed_perplexity(transformer_xl, documents, show_progress=False).to_dict())
+    assert (result["window_size"], result["overlap"]) == (8, 0)
 
 
 def test_recurrent_model_at_another_window_size_reads_that_window():

@@ -3,7 +3,8 @@
 Each document is read in windows of T tokens that repeat the last o tokens of the window before; every token but
 the first is predicted once. Stock models run every (window, overlap) pair of the grid. Recurrent models run their
 own schedule and only at the overlap they were trained with (config.window_overlap): other overlaps of the grid are
-skipped for them, with a note. Every model and grid point is checked before the first evaluation. Prints a Markdown
+skipped for them, with a note. A Transformer-XL runs its own segments with its memory, at overlap 0 only (other
+windows and overlaps of the grid are skipped for it, with a note). Every model and grid point is checked before the first evaluation. Prints a Markdown
 table and writes results.json and results.md to --output_dir after each evaluation, and perplexity_vs_flops.png at
 the end. A non-empty --output_dir is refused unless --overwrite is given (which replaces those three files).
 
@@ -19,7 +20,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from ..data import stdlib_split
 from ..evaluation import RECURRENT_MODEL_TYPES, plot_perplexity_vs_flops, windowed_perplexity, write_report
-from ..evaluation.perplexity import resolve_schedule
+from ..evaluation.perplexity import SEGMENT_MODEL_TYPES, resolve_schedule
 from ..outputs import REPORT_FILES, UsageError, prepare_output_dir
 
 
@@ -91,11 +92,10 @@ def checked_grid(path: str, windows: list[int] | None, overlaps: list[int] | Non
     if not (Path(path) / "config.json").is_file():
         raise UsageError(f"MODEL {path} is not a saved model folder (no config.json there)")
     config = AutoConfig.from_pretrained(path)
-    recurrent = config.model_type in RECURRENT_MODEL_TYPES
     grid = []
     for window_size, overlap in schedule_grid(config, windows, overlaps):
         try:
-            grid.append(resolve_schedule(config, window_size, overlap, recurrent))
+            grid.append(resolve_schedule(config, window_size, overlap))
         except ValueError as error:
             raise UsageError(f"MODEL {path} cannot be evaluated on this grid: {error}") from error
     return grid
@@ -119,8 +119,16 @@ def schedule_grid(
     """The (window, overlap) pairs to evaluate a model of `config` at; `None` leaves the choice to
     `windowed_perplexity`.
 
-    A recurrent model is evaluated only at its trained overlap, so other overlaps are dropped for it with a note.
+    A recurrent model is evaluated only at its trained overlap, so other overlaps are dropped for it with a note; a
+    Transformer-XL only in its own segments with its memory, so the grid is dropped for it with a note.
     """
+    if config.model_type in SEGMENT_MODEL_TYPES:
+        if windows or overlaps:
+            print(
+                f"note: {config.name_or_path} is a Transformer-XL: evaluated in its own segments of "
+                f"{config.segment_length} tokens with its memory, not at --windows / --overlaps"
+            )
+        return [(None, None)]
     windows = windows or [None]
     if config.model_type in RECURRENT_MODEL_TYPES:
         trained = config.window_overlap

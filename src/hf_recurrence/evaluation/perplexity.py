@@ -21,6 +21,13 @@ logger = logging.get_logger(__name__)
 # Model types that read a long input in their own windows and carry a state across them.
 RECURRENT_MODEL_TYPES = ("recurrent_gpt2", "recurrent_llama")
 
+# Model types that read a long input in fixed segments and attend to the memory of earlier ones (Transformer-XL):
+# read independent windows, they would lose that memory and disagree with their own loss (and with lm-eval's score).
+SEGMENT_MODEL_TYPES = ("transformer_xl",)
+
+# Every model type evaluated through its state, one state per document from its first token to its last.
+STATEFUL_MODEL_TYPES = RECURRENT_MODEL_TYPES + SEGMENT_MODEL_TYPES
+
 # Tokens fed to a recurrent model per call: bounds the (tokens, vocab) logits held at once.
 RECURRENT_CHUNK_TOKENS = 512
 
@@ -112,19 +119,22 @@ def windowed_perplexity(
     through the document, so the result equals its own loss over the document; it must be evaluated with the
     overlap it was trained with (`config.window_overlap`). A `window_size` other than its `config.window_size` is
     allowed (the paper's window-size curves), with a warning; it is passed in the state given as `past_key_values`
-    and `model.config` is left untouched.
+    and `model.config` is left untouched. A Transformer-XL (`SEGMENT_MODEL_TYPES`) likewise reads each document
+    with its memory carried from segment to segment, at its own `config.segment_length` and overlap 0, so the
+    result equals its own loss and lm-eval's `hf-recurrence` score.
 
     Args:
         model: a causal language model returning `.logits`.
         input_ids: one document (1-D tensor or list of ints) or several (list of those, or a 2-D tensor of rows),
             each evaluated independently (a fresh state per document); totals are summed.
-        window_size: tokens per window. Defaults to `config.window_size` for a recurrent model and to the position
-            table size (`max_position_embeddings`) otherwise.
+        window_size: tokens per window. Defaults to `config.window_size` for a recurrent model,
+            `config.segment_length` (the only one accepted) for a Transformer-XL, and to the position table size
+            (`max_position_embeddings`) otherwise.
         overlap: tokens each window repeats from the previous one. Defaults to `config.window_overlap` for a
-            recurrent model and to 0 otherwise.
+            recurrent model and to 0 otherwise (the only one accepted for a Transformer-XL).
         num_words: word count of the documents, for `word_perplexity`.
         text: the documents' text instead of `num_words`; words are whitespace-separated.
-        batch_size: windows per forward for a stock model; documents read side by side for a recurrent model.
+        batch_size: windows per forward for a stock model; documents read side by side for a stateful model.
         show_progress: show a tqdm progress bar over the predicted tokens.
         return_token_nll: also return every predicted token's NLL and window position (`token_nll`), for paired
             bootstrap intervals and NLL by window position ([`hf_recurrence.evaluation.statistics`]). The totals
@@ -135,8 +145,7 @@ def windowed_perplexity(
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got batch_size={batch_size!r}")
     config = model.config
-    recurrent = config.model_type in RECURRENT_MODEL_TYPES
-    window_size, overlap = resolve_schedule(config, window_size, overlap, recurrent)
+    window_size, overlap = resolve_schedule(config, window_size, overlap)
     documents = [doc.to(model.device) for doc in documents]
     # Filled by the branches; keyed by the document tensor's identity because both branches reorder documents.
     sinks = {id(doc): torch.zeros(len(doc) - 1) for doc in documents} if return_token_nll else None
@@ -150,12 +159,12 @@ def windowed_perplexity(
     num_tokens = sum(len(doc) - 1 for doc in documents)
     progress = tqdm(total=num_tokens, unit="tok", desc="windowed perplexity", disable=not show_progress)
     with torch.no_grad(), _eval_mode(model), progress:
-        if recurrent:
+        if config.model_type in STATEFUL_MODEL_TYPES:
             # Longest first, so that documents batched together have similar lengths and little padding.
             documents = sorted(documents, key=len, reverse=True)
             for first in range(0, len(documents), batch_size):
                 batch = documents[first : first + batch_size]
-                total_nll += _recurrent_nll(model, batch, window_size, progress, sinks)
+                total_nll += _stateful_nll(model, batch, window_size, progress, sinks)
         else:
             total_nll += _stock_nll(model, documents, window_size, overlap, batch_size, progress, sinks)
 
@@ -208,8 +217,11 @@ def _word_count(num_words: int | None, text: str | Sequence[str] | None) -> int 
     return num_words
 
 
-def resolve_schedule(config, window_size: int | None, overlap: int | None, recurrent: bool) -> tuple[int, int]:
+def resolve_schedule(config, window_size: int | None, overlap: int | None) -> tuple[int, int]:
     """Fill in the defaults and check `window_size` / `overlap` against the model; raise ValueError naming a bad one."""
+    if config.model_type in SEGMENT_MODEL_TYPES:
+        return _segment_schedule(config, window_size, overlap)
+    recurrent = config.model_type in RECURRENT_MODEL_TYPES
     if recurrent:
         # GPT-2 families name their position table n_positions, Llama families max_position_embeddings.
         max_window = config.n_positions if hasattr(config, "n_positions") else config.max_position_embeddings
@@ -237,6 +249,22 @@ def resolve_schedule(config, window_size: int | None, overlap: int | None, recur
             f"window_size={config.window_size}"
         )
     return window_size, overlap
+
+
+def _segment_schedule(config, window_size: int | None, overlap: int | None) -> tuple[int, int]:
+    """A Transformer-XL's own schedule: its segments, no overlap (its memory carries the context instead)."""
+    if window_size is not None and window_size != config.segment_length:
+        raise ValueError(
+            f"window_size={window_size} differs from this Transformer-XL's config.segment_length="
+            f"{config.segment_length}: it is evaluated in its own segments, with the memory of earlier ones; set "
+            "model.config.segment_length (and mem_len) to evaluate another schedule"
+        )
+    if overlap not in (None, 0):
+        raise ValueError(
+            f"overlap={overlap} cannot be used with a Transformer-XL: it re-reads nothing, the memory of its "
+            f"mem_len={config.mem_len} earlier positions carries the context; use overlap 0"
+        )
+    return config.segment_length, 0
 
 
 @contextmanager
@@ -309,7 +337,7 @@ def _stock_nll(
     return total
 
 
-def _recurrent_nll(
+def _stateful_nll(
     model: PreTrainedModel,
     documents: list[torch.Tensor],
     window_size: int,
@@ -319,8 +347,8 @@ def _recurrent_nll(
     """Summed NLL of documents read side by side (right-padded, each row its own state) in chunks of columns;
     per-token NLLs into `sinks[id(doc)]` when given.
 
-    The recurrent model skips padding exactly, so each row gets what it gets alone. The window size travels in the
-    state, so `model.config` is never changed (other callers may be using the model meanwhile).
+    The stateful models skip padding exactly, so each row gets what it gets alone. A recurrent model's window size
+    travels in the state, so `model.config` is never changed (other callers may be using the model meanwhile).
     """
     lengths = torch.tensor([len(doc) for doc in documents], device=documents[0].device)
     ids = nn.utils.rnn.pad_sequence(documents, batch_first=True)  # (docs, longest)
@@ -328,10 +356,17 @@ def _recurrent_nll(
     # Position p predicts token p + 1 when that token is real text.
     targets = nn.functional.pad(ids[:, 1:], (0, 1))
     predicts = nn.functional.pad(real[:, 1:], (0, 1))
-    state = model.new_state(len(documents), window_size=window_size)
+    if model.config.model_type in SEGMENT_MODEL_TYPES:
+        # Every call starts a new segment, so chunks are whole segments: the one-shot forward's schedule. Rows are
+        # right-padded, so each row's real tokens before a chunk boundary are whole segments too.
+        chunk_tokens = window_size * max(1, RECURRENT_CHUNK_TOKENS // window_size)
+        state = None
+    else:
+        chunk_tokens = RECURRENT_CHUNK_TOKENS
+        state = model.new_state(len(documents), window_size=window_size)
     total = 0.0
-    for start in range(0, ids.shape[1], RECURRENT_CHUNK_TOKENS):
-        columns = slice(start, start + RECURRENT_CHUNK_TOKENS)
+    for start in range(0, ids.shape[1], chunk_tokens):
+        columns = slice(start, start + chunk_tokens)
         out = model(input_ids=ids[:, columns], attention_mask=real[:, columns].long(), past_key_values=state)
         state = out.past_key_values
         chunk_sink = torch.zeros(int(predicts[:, columns].sum())) if sinks is not None else None

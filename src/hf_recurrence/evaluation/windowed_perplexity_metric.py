@@ -14,7 +14,8 @@ from hf_recurrence.evaluation import windowed_perplexity
 _DESCRIPTION = """Perplexity of a causal language model over long documents read in windows of `window_size` tokens
 that repeat the last `overlap` tokens of the previous window (Yoshida, Ettinger and Gimpel 2020, §4.2). Every token
 but a document's first is predicted exactly once. Recurrent models of hf_recurrence carry their state through each
-document and must be evaluated with the overlap they were trained with."""
+document and must be evaluated with the overlap they were trained with; a Transformer-XL carries its memory through
+each document, in its own segments."""
 
 _KWARGS_DESCRIPTION = """
 Args:
