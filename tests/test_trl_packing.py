@@ -1,6 +1,9 @@
 """TRL's `SFTTrainer(packing=True)` trains a recurrent GPT-2: its default "bfd" packing flattens each batch into one
 row without attention mask, marks the documents by `position_ids` that restart at 0, and scores the backbone's hidden
-states with its own fused LM head. The first step's loss must be that of the documents read one by one."""
+states with its own fused LM head. The first step's loss must be that of the documents read one by one.
+
+With TRL's own defaults `SFTTrainer` trains every causal family: TRL turns activation checkpointing on, which
+Transformer-XL once refused."""
 
 from pathlib import Path
 
@@ -16,6 +19,8 @@ from transformers import AutoTokenizer  # noqa: E402
 from hf_recurrence import RecurrentGPT2LMHeadModel  # noqa: E402
 
 from .common import SRC_ROOT, tiny_recurrent_config  # noqa: E402
+from .families import STATEFUL_FAMILIES  # noqa: E402
+from .test_families import by_family  # noqa: E402
 
 
 TOKENIZER = SRC_ROOT / "hf_recurrence" / "default_model"
@@ -97,3 +102,30 @@ def test_sft_trainer_with_packing_trains_on_documents_as_if_alone(tmp_path: Path
     assert int((batch["position_ids"] == 0).sum()) >= 3, "the first batch should pack several documents"
     torch.testing.assert_close(trainer.first_loss, trainer.first_reference)
     assert result.global_step == 3 and torch.isfinite(torch.tensor(result.training_loss))
+
+
+@by_family(STATEFUL_FAMILIES)
+def test_sft_trainer_with_trl_defaults_trains(family, tmp_path: Path):
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    model = family.head(vocab_size=len(tokenizer)).train()
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path),
+        max_length=64,
+        per_device_train_batch_size=2,
+        max_steps=2,
+        # Only what a CPU test needs; activation checkpointing keeps TRL's default (on).
+        bf16=False,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = trl.SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=datasets.Dataset.from_dict({"text": TEXTS[:4]}),
+        processing_class=tokenizer,
+    )
+    result = trainer.train()
+    assert model.is_activation_checkpointing
+    assert result.global_step == 2 and torch.isfinite(torch.tensor(result.training_loss))

@@ -203,3 +203,27 @@ def test_sdpa_equals_eager_attention_with_memory_and_padding():
         torch.testing.assert_close(padded.logits, eager(ids, attention_mask=mask).logits)
         # Weights asked for are computed explicitly whatever the implementation.
         assert sdpa(ids, output_attentions=True).attentions[0].shape == (2, 2, 30, 6 + 8)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"dropout": 0.1}, {"mem_len": 0}, {"same_length": True}])
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_activation_checkpointing_gives_the_same_loss_and_gradients(overrides, use_reentrant):
+    # Each layer of each segment is recomputed in backward; its memory and position keys are its outputs, so the
+    # recomputation reads the same memory and writes nothing twice.
+    model = make_model(**overrides).train()
+    ids = torch.randint(1, 99, (2, 30))
+
+    def loss_and_gradients():
+        model.zero_grad()
+        torch.manual_seed(1)  # the same dropout masks in both runs
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    expected_loss, expected = loss_and_gradients()
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": use_reentrant})
+    assert all(layer.gradient_checkpointing for layer in model.transformer.layers)
+    loss, gradients = loss_and_gradients()
+    torch.testing.assert_close(loss, expected_loss)
+    for name, gradient in expected.items():
+        torch.testing.assert_close(gradients[name], gradient, msg=name)

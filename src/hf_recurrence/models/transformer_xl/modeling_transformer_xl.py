@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput, logging
 
 from .configuration_transformer_xl import TransformerXLConfig
@@ -291,7 +292,7 @@ class TransformerXLFeedForward(nn.Module):
         return output if self.pre_lnorm else self.layer_norm(output)
 
 
-class TransformerXLLayer(nn.Module):
+class TransformerXLLayer(GradientCheckpointingLayer):
     def __init__(self, config: TransformerXLConfig):
         super().__init__()
         self.attn = TransformerXLRelAttention(config)
@@ -775,7 +776,7 @@ class TransformerXLCausalLMOutput(ModelOutput):
 class TransformerXLPreTrainedModel(PreTrainedModel):
     config_class = TransformerXLConfig
     base_model_prefix = "transformer"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True
     _no_split_modules = ["TransformerXLLayer"]
     _is_stateful = True
     # SDPA runs the content scores, softmax and weighted sum fused, the relative-position terms given as its bias.
