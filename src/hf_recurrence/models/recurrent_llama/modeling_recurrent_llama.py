@@ -142,6 +142,21 @@ def _check_state_model_shape(saved: dict, expected: dict, path: str | os.PathLik
         raise ValueError(f"{path} was saved by a model of another shape: " + ", ".join(differences))
 
 
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._refuse_export
+def _refuse_export(model: nn.Module) -> None:
+    """Raise when `model` runs under torch.export (and the dynamo ONNX exporter), TorchScript tracing or the
+    TorchScript ONNX exporter; torch.compile is not refused (it guards and recompiles where a trace would not)."""
+    if torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        # The window/segment plan (lengths, padding, packed documents, the state's fill) is made in Python from the
+        # input's values: an export fails on it, and a TorchScript trace fixes one input's plan into the graph,
+        # silently wrong for any other length.
+        raise RuntimeError(
+            f"{type(model).__name__} cannot be exported or traced (torch.export, torch.onnx.export, "
+            "torch.jit.trace): it plans its windows and the state it carries from the input's length, padding and "
+            "positions in Python, so a graph would hold one input's plan. Run it eagerly or under torch.compile"
+        )
+
+
 # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._document_starts
 def _document_starts(position_ids: torch.Tensor | None, real: torch.Tensor, continuing: bool) -> torch.Tensor | None:
     """Where packed documents begin, read from `position_ids` (batch, length) as TRL's and transformers' packing
@@ -1188,6 +1203,7 @@ class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, RecurrentLlamaState]:
         """Validate the inputs; return the new positions' embeddings, their real-token mask, where packed documents
         start (from `position_ids`, see `_document_starts`) and the state."""
+        _refuse_export(self)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
