@@ -97,6 +97,32 @@ def test_the_command_line_runs_with_the_model_registered(setup):
     assert "local_document" in result.stdout and "word_perplexity" in result.stdout
 
 
+@pytest.mark.parametrize(
+    ("model_args", "batch_size", "reason"),
+    [
+        (
+            f"pretrained={DEFAULT_MODEL}",
+            "1",
+            "is a 'gpt2' model; hf-recurrence evaluates the recurrent causal families",
+        ),
+        (None, "auto", "batch_size='auto' cannot be used with hf-recurrence"),
+    ],
+    ids=["another_model_type", "batch_size_auto"],
+)
+def test_the_command_line_prints_a_refusal_in_one_line(setup, model_args, batch_size, reason):
+    environment = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    command = [
+        sys.executable, "-m", "hf_recurrence.integrations.lm_eval", "run", "--model", "hf-recurrence",
+        "--model_args", model_args or f"pretrained={setup['model']}", "--tasks", "local_document",
+        "--include_path", str(setup["root"] / "tasks"), "--device", "cpu", "--batch_size", batch_size,
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("hf-recurrence lm-eval: error: ") and reason in last
+
+
 def test_context_is_unbounded_and_what_cannot_work_is_refused(setup):
     model = RecurrentHFLM(pretrained=setup["model"], device="cpu")
     assert model.max_length == UNBOUNDED_CONTEXT

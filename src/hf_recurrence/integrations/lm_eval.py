@@ -16,6 +16,9 @@ own command line with the arguments given):
 
     python -m hf_recurrence.integrations.lm_eval run --model hf-recurrence --model_args pretrained=FOLDER --tasks ...
 
+What cannot work (another model type, `batch_size=auto`) is refused with a `UsageError` (a `ValueError`), before any
+weight loads; the command line prints it in one line, `hf-recurrence lm-eval: error: ...`, and exits with status 2.
+
 Memory: lm-eval asks for the logits of every position of a document at once, `(length, vocab)` floats.
 """
 
@@ -25,6 +28,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from ..models import RecurrentGPT2Config, RecurrentLlamaConfig, TransformerXLConfig
+from ..outputs import UsageError
 
 
 # lm-eval splits inputs longer than max_length into independent pieces; no document of a benchmark comes near this.
@@ -43,7 +47,7 @@ class RecurrentHFLM(HFLM):
     def __init__(self, pretrained, max_length: int | None = None, batch_size: int | str = 1, **kwargs) -> None:
         if str(batch_size).startswith("auto"):
             # lm-eval's batch size search runs a batch of max_length tokens: here, a billion.
-            raise ValueError(
+            raise UsageError(
                 f"batch_size={batch_size!r} cannot be used with hf-recurrence: lm-eval finds it by running batches "
                 "of max_length tokens, and the recurrent models' max_length is unbounded; give a number"
             )
@@ -54,7 +58,7 @@ class RecurrentHFLM(HFLM):
     def _get_backend(self, config, backend: str = "default", trust_remote_code: bool | None = False) -> None:
         # HFLM calls this with the model's config before it loads the tokenizer or the weights.
         if config.model_type not in CAUSAL_MODEL_TYPES:
-            raise ValueError(
+            raise UsageError(
                 f"{config.name_or_path or 'This model'} is a {config.model_type!r} model; hf-recurrence evaluates the "
                 f"recurrent causal families ({', '.join(CAUSAL_MODEL_TYPES)}). Use lm-eval's own `hf` model for others"
             )
@@ -66,7 +70,13 @@ def main() -> None:
     from lm_eval.__main__ import cli_evaluate
 
     sys.argv[0] = "lm_eval"
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except UsageError as error:
+        # Our refusals say what to change; lm-eval's ~30 lines of traceback around them would bury that. Anything
+        # else (lm-eval's own errors, bugs) keeps its traceback.
+        print(f"hf-recurrence lm-eval: error: {error}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
