@@ -8,7 +8,7 @@ follow transformers' Llama so that Llama checkpoints load unchanged; the only ne
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 
 import torch
@@ -18,7 +18,11 @@ from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_layers import (
+    GenericForSequenceClassification,
+    GenericForTokenClassification,
+    GradientCheckpointingLayer,
+)
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import (
     LlamaAttention,
@@ -34,6 +38,32 @@ from .configuration_recurrent_llama import RecurrentLlamaConfig
 
 
 logger = logging.get_logger(__name__)
+
+# transformers 5.24 renamed `past_key_values` to `cache` (see the recurrent GPT-2 folder).
+STATE_NAME = "cache" if isinstance(getattr(ModelOutput, "past_key_values", None), property) else "past_key_values"
+
+
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._given_state
+def _given_state(past_key_values: object | None, cache: object | None) -> object | None:
+    """The state passed under either name."""
+    if past_key_values is not None and cache is not None:
+        raise ValueError(
+            "Pass the state once: as cache or as past_key_values (its name before transformers 5.24), not both"
+        )
+    return past_key_values if cache is None else cache
+
+
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._model_output_class
+def _model_output_class(name: str, doc: str, fields: dict[str, object]) -> type[ModelOutput]:
+    """A ModelOutput dataclass with `fields` (name -> annotation, each defaulting to None), in which the field named
+    `past_key_values` takes the installed transformers' name for the state (a dataclass's field names are fixed when
+    the class is made, and transformers 5.24's generate() reads `outputs.cache`)."""
+    return make_dataclass(
+        name,
+        [(STATE_NAME if key == "past_key_values" else key, kind, field(default=None)) for key, kind in fields.items()],
+        bases=(ModelOutput,),
+        namespace={"__doc__": doc, "__module__": __name__},
+    )
 
 
 # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._right_packing_index
@@ -417,6 +447,9 @@ class RecurrentLlamaState:
 
     # generate() asks every cache whether it can be compiled.
     is_compileable = False
+    # transformers >= 5.24's generate() slices a prompt by get_seq_length() only for a cache with some layer that is
+    # not linear attention (a linear layer has no length); the state has a length.
+    is_linear = (False,)
     # The model_type this state belongs to: what a saved state's header names, and how copies of this class (the
     # installed one and one loaded as Hub remote code) recognise each other's states.
     _family = "recurrent_llama"
@@ -787,14 +820,15 @@ class RecurrentLlamaState:
         )
 
 
-@dataclass
-class RecurrentLlamaModelOutput(ModelOutput):
+RecurrentLlamaModelOutput = _model_output_class(
+    "RecurrentLlamaModelOutput",
     """
     Args:
         last_hidden_state (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`):
             Final hidden state of every input position, taken from the window in which the position is new.
         past_key_values ([`RecurrentLlamaState`], *optional*):
-            State to continue from, returned when `use_cache=True`.
+            State to continue from, returned when `use_cache=True`; the field is named `cache` from transformers 5.24
+            on (`past_key_values` still reads it there).
         hidden_states (`tuple(torch.FloatTensor)`, *optional*):
             Embedding output and every layer's output, `(batch_size, sequence_length, hidden_size)` each.
         attentions (`tuple(torch.FloatTensor)`, *optional*):
@@ -802,16 +836,18 @@ class RecurrentLlamaModelOutput(ModelOutput):
             column 0 is `h_prev` (zero outside the insertion layer and in a row's first window), column `1 + j` is
             position `j` of the query's own window (the state's `window_size`; the overlap a window re-reads holds
             its first positions). Rows of padding positions are zero.
-    """
+    """,
+    {
+        "last_hidden_state": torch.FloatTensor | None,
+        "past_key_values": RecurrentLlamaState | None,
+        "hidden_states": tuple[torch.FloatTensor, ...] | None,
+        "attentions": tuple[torch.FloatTensor, ...] | None,
+    },
+)
 
-    last_hidden_state: torch.FloatTensor | None = None
-    past_key_values: RecurrentLlamaState | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
 
-
-@dataclass
-class RecurrentLlamaCausalLMOutput(ModelOutput):
+RecurrentLlamaCausalLMOutput = _model_output_class(
+    "RecurrentLlamaCausalLMOutput",
     """
     Args:
         loss (`torch.FloatTensor` of shape `()`, *optional*):
@@ -820,7 +856,8 @@ class RecurrentLlamaCausalLMOutput(ModelOutput):
             Next-token scores (of the last `logits_to_keep` positions if given). Omitted when `labels` is given,
             unless `return_logits=True`.
         past_key_values ([`RecurrentLlamaState`], *optional*):
-            State to continue from, returned when `use_cache=True`.
+            State to continue from, returned when `use_cache=True`; the field is named `cache` from transformers 5.24
+            on (`past_key_values` still reads it there).
         hidden_states (`tuple(torch.FloatTensor)`, *optional*):
             Embedding output and every layer's output, `(batch_size, sequence_length, hidden_size)` each.
         attentions (`tuple(torch.FloatTensor)`, *optional*):
@@ -828,13 +865,15 @@ class RecurrentLlamaCausalLMOutput(ModelOutput):
             column 0 is `h_prev` (zero outside the insertion layer and in a row's first window), column `1 + j` is
             position `j` of the query's own window (the state's `window_size`; the overlap a window re-reads holds
             its first positions). Rows of padding positions are zero.
-    """
-
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    past_key_values: RecurrentLlamaState | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
+    """,
+    {
+        "loss": torch.FloatTensor | None,
+        "logits": torch.FloatTensor | None,
+        "past_key_values": RecurrentLlamaState | None,
+        "hidden_states": tuple[torch.FloatTensor, ...] | None,
+        "attentions": tuple[torch.FloatTensor, ...] | None,
+    },
+)
 
 
 # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._StepOutput
@@ -1250,6 +1289,7 @@ class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
+        cache: RecurrentLlamaState | None = None,
         **kwargs,
     ) -> RecurrentLlamaModelOutput:
         r"""
@@ -1259,8 +1299,9 @@ class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
             attention_mask (`torch.Tensor` of shape `(batch_size, sequence_length)`, *optional*):
                 1 for real tokens, 0 for padding (anywhere; padding never changes real tokens' outputs). May also
                 cover the past tokens, as `generate()` passes it; then its last `sequence_length` columns are used.
-            past_key_values ([`RecurrentLlamaState`], *optional*):
-                State returned by a previous call, or a fresh one with another window schedule; the input continues
+            past_key_values or cache ([`RecurrentLlamaState`], *optional*):
+                State returned by a previous call (either name on any supported transformers: `cache` is its name
+                from transformers 5.24 on), or a fresh one with another window schedule; the input continues
                 that text exactly.
             inputs_embeds (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`, *optional*):
                 Token embeddings instead of `input_ids`.
@@ -1281,8 +1322,9 @@ class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
                 Whether to return every layer's attention weights, laid out by window position (see
                 [`RecurrentLlamaModelOutput`]); computed with eager attention.
         """
+        state = _given_state(past_key_values, cache)
         run = self._run(
-            input_ids, attention_mask, past_key_values, inputs_embeds, output_hidden_states, output_attentions, kwargs
+            input_ids, attention_mask, state, inputs_embeds, output_hidden_states, output_attentions, kwargs
         )
         output = RecurrentLlamaModelOutput(last_hidden_state=run.last_hidden_state(), **run.outputs(use_cache))
         return output if return_dict is not False else output.to_tuple()
@@ -1323,7 +1365,7 @@ class _WindowsRun:
     def outputs(self, use_cache: bool | None) -> dict:
         """The output fields every forward shares: the state (unless `use_cache=False`), hidden states, attentions."""
         return {
-            "past_key_values": self.state if use_cache is not False else None,
+            STATE_NAME: self.state if use_cache is not False else None,
             "hidden_states": (
                 _concat_layers([s.all_hidden for s in self.steps], dim=1) if self.output_hidden_states else None
             ),
@@ -1439,11 +1481,12 @@ class RecurrentLlamaForCausalLM(RecurrentLlamaPreTrainedModel, GenerationMixin):
         return_logits: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         return_dict: bool | None = None,
+        cache: RecurrentLlamaState | None = None,
         **kwargs,
     ) -> RecurrentLlamaCausalLMOutput:
         r"""
         Args:
-            input_ids, attention_mask, past_key_values, inputs_embeds, position_ids, use_cache, output_hidden_states, output_attentions:
+            input_ids, attention_mask, past_key_values, cache, inputs_embeds, position_ids, use_cache, output_hidden_states, output_attentions:
                 As in [`RecurrentLlamaModel.forward`].
             labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
                 Targets, usually `input_ids`; shifted inside the model (`-100` is ignored). In training mode the loss
@@ -1490,7 +1533,7 @@ class RecurrentLlamaForCausalLM(RecurrentLlamaPreTrainedModel, GenerationMixin):
         run = self.model._run(
             input_ids,
             attention_mask,
-            past_key_values,
+            _given_state(past_key_values, cache),
             inputs_embeds,
             output_hidden_states,
             output_attentions,
@@ -1510,8 +1553,47 @@ class RecurrentLlamaForCausalLM(RecurrentLlamaPreTrainedModel, GenerationMixin):
         return output if return_dict is not False else output.to_tuple()
 
 
+class RecurrentLlamaForSequenceClassification(GenericForSequenceClassification, RecurrentLlamaPreTrainedModel):
+    """Recurrent Llama with a linear classifier on the last non-padding token of the document (transformers' generic
+    sequence-classification head, as stock Llama's), so a document of any length is classified after reading all of
+    it window by window. `score` matches stock `LlamaForSequenceClassification`, whose checkpoints load unchanged.
+
+    A long document may also be read in pieces: pass each call's state (`past_key_values`, `cache` from transformers
+    5.24 on) to the next and take the logits of the last call. As with stock Llama, a batch of more than one row needs
+    `config.pad_token_id` (padding is found by it, on either side).
+    """
+
+    base_model_prefix = "model"
+
+    def __init__(self, config: RecurrentLlamaConfig):
+        # The generic head builds its backbone with AutoModel, which remote code cannot resolve: build ours here.
+        RecurrentLlamaPreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = RecurrentLlamaModel(config)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+
+class RecurrentLlamaForTokenClassification(GenericForTokenClassification, RecurrentLlamaPreTrainedModel):
+    """Recurrent Llama with a linear classifier on every token's final hidden state (transformers' generic
+    token-classification head, as stock Llama's, whose checkpoints load unchanged), for inputs of any length."""
+
+    base_model_prefix = "model"
+
+    def __init__(self, config: RecurrentLlamaConfig):
+        RecurrentLlamaPreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = RecurrentLlamaModel(config)
+        dropout = getattr(config, "classifier_dropout", None)
+        self.dropout = nn.Dropout(0.1 if dropout is None else dropout)
+        self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+
 __all__ = [
     "RecurrentLlamaForCausalLM",
+    "RecurrentLlamaForSequenceClassification",
+    "RecurrentLlamaForTokenClassification",
     "RecurrentLlamaModel",
     "RecurrentLlamaPreTrainedModel",
     "RecurrentLlamaState",
