@@ -37,7 +37,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedModel, PreTr
 
 from .data import TokenBlocks, WindowedBlocksCollator, token_stream
 from .data.books import BOOK_SPLITS, austen_split, write_austen_split_manifest
-from .evaluation import plot_perplexity_vs_flops, windowed_perplexity, write_report
+from .evaluation import WindowPrefixed, flops_per_token, plot_perplexity_vs_flops, windowed_perplexity, write_report
 from .evaluation.report import plot_nll_by_window_position
 from .evaluation.statistics import nll_by_window_position, paired_bootstrap, segment_sums
 from .outputs import UsageError, prepare_output_dir
@@ -57,6 +57,12 @@ BOOK_REPORT_FILES = (
 
 # The trained arms: name -> `recurrence_input` of their recurrence module.
 TRAINED_ARMS = {"recurrent": "window", "control": "zeros"}
+
+# The reference rows' prompt: this project's own sentence of plain narrative prose, read before every window.
+REFERENCE_PROMPT = (
+    "The morning was fine and the house was quiet; she sat by the window with a letter in her hand and thought "
+    "about what her sister had said."
+)
 
 # What `--backbone` may train in every arm.
 BACKBONE_SETTINGS = ("frozen", "lora", "full")
@@ -109,6 +115,13 @@ class BookReproductionSettings:
     lora_first_layer: int | None = field(
         default=None,
         metadata={"help": "First decoder layer given adapters, every layer from it up (None: the insertion layer)."},
+    )
+    reference_prompt: str = field(
+        default=REFERENCE_PROMPT,
+        metadata={
+            "help": "Prose the reference row's stock model reads before every window (the other reference row reads "
+            "the tokenizer's BOS token, else its EOS token)."
+        },
     )
     bf16: bool = field(
         default=False,
@@ -276,6 +289,15 @@ def train_arm(
     return trained.requires_grad_(False).eval(), loss, (time.perf_counter() - start) / 60
 
 
+def reference_prefixes(tokenizer: PreTrainedTokenizerBase, settings: BookReproductionSettings) -> dict[str, list[int]]:
+    """The no-training reference rows' prefixes: one BOS-like token, and `settings.reference_prompt`."""
+    special = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    prefixes = {"stock+prompt": tokenizer(settings.reference_prompt, add_special_tokens=False)["input_ids"]}
+    if special is not None:
+        prefixes = {"stock+bos": [special], **prefixes}
+    return {name: ids for name, ids in prefixes.items() if ids}
+
+
 @contextmanager
 def h_prev_from_another_row(model: PreTrainedModel):
     """Within the block, every row's `h_prev` comes from the row before it (the last from the first): the recurrent
@@ -394,6 +416,11 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
         overlap = overlap_tokens(settings.window_size, fraction)
         evaluate(baseline, "baseline", overlap, train_loss=loss, tokens=0 if loss is None else train_tokens)
     del baseline
+    for name, prefix in reference_prefixes(tokenizer, settings).items():
+        # What a learned window start could be worth, at no training: the stock model reading a fixed prefix.
+        flops = flops_per_token(llama.config, settings.window_size + len(prefix), len(prefix))
+        reference = WindowPrefixed(llama, prefix)
+        evaluate(reference, name, 0, train_loss=None, tokens=0, prefix_tokens=len(prefix), flops_per_token=flops)
     for name, recurrence_input in TRAINED_ARMS.items():
         print(
             f"[{name}] training the recurrence module (recurrence_input={recurrence_input!r}), backbone {settings.backbone}"
