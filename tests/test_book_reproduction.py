@@ -1,6 +1,7 @@
 """`hf-recurrence reproduce --preset smollm2`: the baseline / recurrent / control arms on the Austen books, run end to end
 on a tiny Llama (the real SmolLM2 run is recorded in docs/benchmarks.md)."""
 
+import inspect
 import json
 import math
 import shutil
@@ -291,3 +292,44 @@ def test_window_prefix_reads_the_prefix_before_every_window_and_scores_the_windo
     torch.testing.assert_close(result.token_nll[0].nll[:7], manual.detach(), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="prefix_ids is empty"):
         WindowPrefixed(llama, [])
+
+
+def test_fact_probe_plants_a_name_in_window_one_and_scores_only_its_tokens_in_window_two():
+    from hf_recurrence.data.fact_probe import PLANT, FactProbe
+
+    tokenizer = stdlib_tokenizer()
+    stream = tokenizer("\n".join(inspect.getsource(m) for m in (json, shutil)))["input_ids"]
+    probe = FactProbe(stream, tokenizer, window_size=32, num_examples=6, seed=1)
+    assert len(probe) == 6 and len(set(probe.names)) == 6
+    ask = tokenizer(PLANT, add_special_tokens=False)["input_ids"]
+    for example, name in zip(probe.examples, probe.names, strict=True):
+        ids, labels = example["input_ids"], example["labels"]
+        assert ids.shape == labels.shape == (64,)
+        name_ids = tokenizer(" " + name, add_special_tokens=False)["input_ids"]
+        scored = labels != -100
+        assert scored.sum() == len(name_ids) and scored[-len(name_ids) :].all()  # only the name, at the end
+        assert ids[-len(name_ids) - len(ask) : -len(name_ids)].tolist() == ask
+        first = ids[:32].tolist()  # the plant, name included, sits in window 1
+        planted = ask + name_ids
+        assert any(first[i : i + len(planted)] == planted for i in range(32 - len(planted) + 1))
+    with pytest.raises(ValueError, match="fewer than num_examples=100000"):
+        FactProbe(stream, tokenizer, window_size=32, num_examples=100000)
+
+
+def test_fact_probe_run_reports_the_stock_reader_the_recurrent_arm_and_the_swap_control():
+    tokenizer = stdlib_tokenizer()
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(
+        LlamaConfig(**{**TINY_LLAMA, "vocab_size": len(tokenizer), "max_position_embeddings": 32})
+    )
+    stream = tokenizer("\n".join(inspect.getsource(m) for m in (json, shutil, inspect)))["input_ids"]
+    half = len(stream) // 2
+    settings = _settings(window_size=32, max_steps=2, batch_size=2)
+    result = book_reproduction.run_fact_probe(
+        llama.eval(), tokenizer, stream[:half], stream[half:], settings, num_held_out=4
+    )
+    assert result["train_examples"] == 4 and result["held_out_examples"] == 4
+    for reader in ("stock", "recurrent", "swapped"):
+        assert math.isfinite(result[reader]["name_nll"]) and 0 <= result[reader]["recalled"] <= 1
+    # The swap control reads other examples' summaries: its scores differ from the recurrent arm's own.
+    assert result["swapped"]["name_nll"] != result["recurrent"]["name_nll"]

@@ -33,10 +33,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from torch import nn
+from torch.utils.data import Dataset
 from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, set_seed
 
 from .data import TokenBlocks, WindowedBlocksCollator, token_stream
 from .data.books import BOOK_SPLITS, austen_split, write_austen_split_manifest
+from .data.fact_probe import FactProbe, fact_nll
 from .evaluation import WindowPrefixed, flops_per_token, plot_perplexity_vs_flops, windowed_perplexity, write_report
 from .evaluation.report import plot_nll_by_window_position
 from .evaluation.statistics import nll_by_window_position, paired_bootstrap, segment_sums
@@ -261,7 +263,7 @@ def adapt_backbone(model: PreTrainedModel, settings: BookReproductionSettings) -
 def train_arm(
     llama: LlamaForCausalLM,
     recurrence_input: str | None,
-    stream: list[int],
+    data: list[int] | Dataset,
     settings: BookReproductionSettings,
     **config_overrides,
 ) -> tuple[PreTrainedModel, float | None, float]:
@@ -269,6 +271,9 @@ def train_arm(
     training loss (None if nothing was trained: the baseline on a frozen backbone) and the minutes taken. Every arm
     sees the same blocks in the same order; the baseline (`recurrence_input=None`, the stock model) reads each
     block's windows independently.
+
+    `data`: a token stream, cut into blocks of `windows_per_block` windows, or a dataset of such blocks (with their
+    labels, e.g. a `FactProbe`).
 
     `config_overrides`: further `RecurrentLlamaConfig` fields (e.g. `h_prev_rope_position=-1`) for ablations.
     """
@@ -281,7 +286,9 @@ def train_arm(
     trained, groups = adapt_backbone(model, settings)
     if not groups:
         return model.eval(), None, 0.0
-    blocks = TokenBlocks(stream, settings.windows_per_block * settings.window_size)
+    blocks = (
+        data if isinstance(data, Dataset) else TokenBlocks(data, settings.windows_per_block * settings.window_size)
+    )
     start = time.perf_counter()
     loss = fine_tune(trained, blocks, settings, collator=collator, parameter_groups=groups, bf16=settings.bf16)
     if trained is not model:  # PEFT's wrapper: LoRA merged into the weights, the plain model back
@@ -309,6 +316,40 @@ def h_prev_from_another_row(model: PreTrainedModel):
         yield
     finally:
         handle.remove()
+
+
+def run_fact_probe(
+    llama: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    train_stream: list[int],
+    held_out_stream: list[int],
+    settings: BookReproductionSettings,
+    num_held_out: int = 64,
+) -> dict:
+    """The long-range probe (`hf_recurrence.data.fact_probe`), a gate cheaper than the perplexity run: the recurrent
+    arm trained with the settings' backbone on `max_steps x batch_size` probe examples cut from `train_stream`, then
+    scored on `num_held_out` examples from `held_out_stream` (a validation book: choices are made on it), against the
+    stock model reading the question's window alone (chance: it cannot know an invented name) and against the
+    recurrent arm reading it with another example's `h_prev` (the swap control, which should be at chance too).
+
+    Returns, per reader, the mean NLL per name token and the share of examples recalled exactly, plus the training
+    loss and minutes.
+    """
+    window = settings.window_size
+    train = FactProbe(train_stream, tokenizer, window, settings.max_steps * settings.batch_size, seed=settings.seed)
+    held_out = FactProbe(held_out_stream, tokenizer, window, num_held_out, seed=settings.seed + 1)
+    model, loss, minutes = train_arm(llama, "window", train, settings)
+    readers = {"stock": fact_nll(llama, held_out, window), "recurrent": fact_nll(model, held_out, window)}
+    with h_prev_from_another_row(model):
+        readers["swapped"] = fact_nll(model, held_out, window)
+    return {
+        "backbone": settings.backbone,
+        "train_examples": len(train),
+        "held_out_examples": len(held_out),
+        "train_loss": loss,
+        "train_minutes": minutes,
+        **{name: {"name_nll": nll, "recalled": recalled} for name, (nll, recalled) in readers.items()},
+    }
 
 
 def compare(rows_nll: dict, a: str, b: str, settings: BookReproductionSettings) -> dict:
