@@ -51,7 +51,13 @@ class TestConfig:
         assert config.recurrence_hidden_sizes == [200, 200, 200]
         assert config.bptt_windows is None
         assert config.model_type == "recurrent_gpt2"
-        assert set(config.auto_map) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM"}
+        assert set(config.auto_map) == {
+            "AutoConfig",
+            "AutoModel",
+            "AutoModelForCausalLM",
+            "AutoModelForSequenceClassification",
+            "AutoModelForTokenClassification",
+        }
 
     def test_changed_after_construction_is_refused_by_the_model(self):
         config = tiny_recurrent_config()
