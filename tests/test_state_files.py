@@ -186,7 +186,7 @@ def test_an_in_memory_state_of_another_model_is_refused_in_one_error(family):
             match=rf"past_key_values does not fit this model: layers={layers + 1} \(this model: {layers}\)",
         ):
             model(ids[:, SPLIT:], past_key_values=deeper_state)
-        with pytest.raises(ValueError, match=r"batch_size=2 \(this model: 1\)"):
+        with pytest.raises(ValueError, match=r"batch_size=2 \(the input: 1\)"):
             model(ids[:1, SPLIT:], past_key_values=state)
         # A float32 state with a bfloat16 model: refused by name, not a deep attention error.
         with pytest.raises(ValueError, match=r"dtype=torch.float32 \(this model: torch.bfloat16\).*state.to\(dtype="):

@@ -127,11 +127,14 @@ def _read_state_file(
     try:
         with safe_open(str(path), framework="pt", device="cpu" if device is None else str(device)) as file:
             raw = (file.metadata() or {}).get(_STATE_HEADER_KEY)
+            if raw is None:
+                # Refused before reading any tensor: a weights file may be large.
+                raise ValueError(
+                    f"{path} is not a saved recurrent state: its safetensors header has no {_STATE_HEADER_KEY!r}"
+                )
             tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 (no __iter__)
     except SafetensorError as error:
         raise ValueError(f"{path} is not a safetensors file: {error}") from None
-    if raw is None:
-        raise ValueError(f"{path} is not a saved recurrent state: its safetensors header has no {_STATE_HEADER_KEY!r}")
     try:
         header = json.loads(raw)
     except (ValueError, RecursionError) as error:
@@ -172,7 +175,7 @@ def _check_state_fits(found: dict, expected: dict, source: object) -> None:
     difference in one error."""
     found = found if isinstance(found, dict) else {}
     differences = [
-        f"{key}={found.get(key)!r} (this model: {value!r})"
+        f"{key}={found.get(key)!r} ({'the input' if key == 'batch_size' else 'this model'}: {value!r})"
         for key, value in expected.items()
         if found.get(key) != value
     ]
