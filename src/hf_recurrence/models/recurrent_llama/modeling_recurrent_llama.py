@@ -19,6 +19,7 @@ from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
+from transformers.generation import MaxLengthCriteria, StoppingCriteriaList
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import (
@@ -1465,6 +1466,16 @@ class RecurrentLlamaForCausalLM(RecurrentLlamaPreTrainedModel, GenerationMixin):
 
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.lm_head = new_embeddings
+
+    def _get_stopping_criteria(self, *args, **kwargs) -> StoppingCriteriaList:
+        criteria = super()._get_stopping_criteria(*args, **kwargs)
+        for criterion in criteria:
+            if isinstance(criterion, MaxLengthCriteria):
+                # Positions restart in every window, so a text longer than max_position_embeddings is what this model
+                # is for: transformers' reminder that generation "exceeded the model's predefined maximum length"
+                # would be wrong.
+                criterion.max_position_embeddings = None
+        return criteria
 
     # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2LMHeadModel._targets
     def _targets(
