@@ -161,12 +161,18 @@ def stdlib_tokenizer(vocab_size: int = 300) -> PreTrainedTokenizerFast:
 
 
 def run_isolated_python(
-    code: str, cwd: Path, hf_home: Path, timeout: int = 300, env: dict[str, str] | None = None
+    code: str,
+    cwd: Path,
+    hf_home: Path,
+    timeout: int = 300,
+    env: dict[str, str] | None = None,
+    python: Path | None = None,
 ) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter where `hf_recurrence` cannot be imported, even though it is installed.
 
     The interpreter is offline with an empty cache at `hf_home`; `env` adds or overrides variables, e.g.
-    `{"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub_url}` to load from the test Hub.
+    `{"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub_url}` to load from the test Hub. `python`: another interpreter
+    (another environment) instead of this one.
     """
     prelude = "import sys\nsys.modules['hf_recurrence'] = None\n"
     env = {
@@ -179,7 +185,7 @@ def run_isolated_python(
         **(env or {}),
     }
     return subprocess.run(
-        [sys.executable, "-c", prelude + code],
+        [str(python or sys.executable), "-c", prelude + code],
         cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,
@@ -187,6 +193,24 @@ def run_isolated_python(
         text=True,
         timeout=timeout,
     )
+
+
+def greedy_text(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
+    """The text that greedy decoding adds to `prompt`, by definition: argmax over a one-shot forward of the whole
+    sequence, one token at a time, up to an end-of-sequence token. A pipeline that decoded from a fresh state at some
+    step (transformers 5.24 renamed the state it hands back) would print something else."""
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    eos = model.generation_config.eos_token_id
+    eos = set(eos) if isinstance(eos, list) else {eos}
+    new: list[int] = []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            sequence = torch.cat([ids, torch.tensor([new], dtype=ids.dtype)], dim=1)
+            new.append(int(model(sequence, use_cache=False).logits[0, -1].argmax()))
+            if new[-1] in eos:
+                break
+    text = tokenizer.decode(ids[0].tolist() + new, skip_special_tokens=True)
+    return text[len(tokenizer.decode(ids[0], skip_special_tokens=True)) :]
 
 
 REMOTE_LOAD = """
