@@ -10,6 +10,8 @@ from .inductive_bert import (
 )
 from .recurrent_gpt2 import (
     RecurrentGPT2Config,
+    RecurrentGPT2ForSequenceClassification,
+    RecurrentGPT2ForTokenClassification,
     RecurrentGPT2LMHeadModel,
     RecurrentGPT2Model,
     RecurrentGPT2PreTrainedModel,
@@ -18,6 +20,8 @@ from .recurrent_gpt2 import (
 from .recurrent_llama import (
     RecurrentLlamaConfig,
     RecurrentLlamaForCausalLM,
+    RecurrentLlamaForSequenceClassification,
+    RecurrentLlamaForTokenClassification,
     RecurrentLlamaModel,
     RecurrentLlamaPreTrainedModel,
     RecurrentLlamaState,
