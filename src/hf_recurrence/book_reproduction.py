@@ -42,7 +42,7 @@ from .data.fact_probe import FactProbe, fact_nll
 from .evaluation import WindowPrefixed, flops_per_token, plot_perplexity_vs_flops, windowed_perplexity, write_report
 from .evaluation.report import plot_nll_by_window_position
 from .evaluation.statistics import nll_by_window_position, paired_bootstrap, segment_sums
-from .outputs import UsageError, prepare_output_dir
+from .outputs import UsageError, finish_output_dir, prepare_output_dir, write_atomically
 from .reproduction import findings, fine_tune, overlap_tokens, report_header
 from .smollm2 import load_llama_from_gguf, recurrent_llama_from_llama, smollm2_gguf_path
 
@@ -422,7 +422,7 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
         raise UsageError(f"{source}: {error}") from None
     documents, read = held_out_documents(settings, tokenizer)
     stream = token_stream([book.text for book in train_books], tokenizer)
-    prepare_output_dir(output_dir, BOOK_REPORT_FILES, overwrite=overwrite)
+    prepare_output_dir(output_dir, BOOK_REPORT_FILES, writer="hf-recurrence reproduce", overwrite=overwrite)
     write_austen_split_manifest(output_dir / "split.json")
     if settings.backbone == "lora":
         lora_layers(settings, llama.config.num_hidden_layers)  # a layer the model lacks, refused before any work
@@ -447,7 +447,7 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
         token_nll[f"{name}@{overlap}"] = result.token_nll
         rows.append({"model": name, **result.to_dict(), **fields})
         print(f"  {name:<10} window {settings.window_size} overlap {overlap:>3}: perplexity {result.perplexity:.3f}")
-        write_report(output_dir, rows, **report_header(settings, source, start))
+        write_report(output_dir, rows, finished=False, **report_header(settings, source, start))
 
     if settings.backbone != "frozen":
         print(f"[baseline] training the backbone ({settings.backbone}), each window read alone")
@@ -507,15 +507,16 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
     summary += goals(comparisons, lost_fraction)
     summary += findings(rows)
     minutes = (time.perf_counter() - start) / 60
-    table = write_report(output_dir, rows, summary, **report_header(settings, source, start))
+    table = write_report(output_dir, rows, summary, finished=True, **report_header(settings, source, start))
     results = json.loads((output_dir / "results.json").read_text())
     results.update(extra, comparisons=comparisons, nll_by_window_position=by_position)
-    (output_dir / "results.json").write_text(json.dumps(results, indent=2))
+    write_atomically(output_dir / "results.json", json.dumps(results, indent=2))
     plot_perplexity_vs_flops(rows, output_dir / "perplexity_vs_flops.png")
     plot_nll_by_window_position(
         {key.split("@")[0]: [math.nan if v is None else v for v in values] for key, values in by_position.items()},
         output_dir / "nll_by_window_position.png",
     )
+    finish_output_dir(output_dir)
     print("\n" + table + "\n")
     for line in summary:
         print(line)
