@@ -1,7 +1,9 @@
 """`hf-recurrence reproduce --preset smollm2`: the baseline / recurrent / control arms on the Austen books, run end to end
 on a tiny Llama (the real SmolLM2 run is recorded in docs/benchmarks.md)."""
 
+import inspect
 import json
+import math
 import shutil
 import sys
 
@@ -10,11 +12,13 @@ import torch
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from hf_recurrence import book_reproduction
 from hf_recurrence.book_reproduction import BookReproductionSettings
 from hf_recurrence.cli import main
 from hf_recurrence.commands.reproduce import BOOK_PRESETS
 from hf_recurrence.data import books as books_module
 from hf_recurrence.data import books_cache_dir
+from hf_recurrence.evaluation import WindowPrefixed, windowed_perplexity
 from hf_recurrence.outputs import UsageError
 
 from .common import TINY_LLAMA, stdlib_tokenizer
@@ -56,18 +60,28 @@ def test_three_arms_end_to_end(books_available, tiny_llama_folder, tmp_path, cap
     results = json.loads((out / "results.json").read_text())
     arms = [(row["model"], row["overlap"]) for row in results["rows"]]
     # T = 8: overlaps 0, T/8 = 1, T/4 = 2, T/2 = 4 for the baseline; the trained arms at 0.
-    assert arms == [("baseline", 0), ("baseline", 1), ("baseline", 2), ("baseline", 4), ("recurrent", 0),
-                    ("control", 0)]  # fmt: skip
+    assert arms == [("baseline", 0), ("baseline", 1), ("baseline", 2), ("baseline", 4), ("stock+bos", 0),
+                    ("stock+prompt", 0), ("recurrent", 0), ("shuffled", 0), ("control", 0)]  # fmt: skip
     assert all(row["num_tokens"] == 2 * 59 for row in results["rows"])
     assert all(row["flops_per_token"] > 0 for row in results["rows"])
-    assert [row["tokens"] for row in results["rows"][4:]] == [3 * 2 * 2 * 8] * 2
+    # The reference rows read a prefix before every window: more FLOPs per token than the baseline at overlap 0.
+    references = {row["model"]: row for row in results["rows"][4:6]}
+    assert references["stock+bos"]["prefix_tokens"] == 1 and references["stock+prompt"]["prefix_tokens"] > 10
+    assert results["rows"][0]["flops_per_token"] < references["stock+bos"]["flops_per_token"]
+    assert references["stock+bos"]["flops_per_token"] < references["stock+prompt"]["flops_per_token"]
+    assert [row["tokens"] for row in results["rows"][6:]] == [3 * 2 * 2 * 8] * 3
     assert set(results["comparisons"]) == {
-        "recurrent vs baseline@0", "recurrent vs control", "control vs baseline@0", "recurrent vs baseline@T/8"
+        "recurrent vs baseline@0", "recurrent vs control", "control vs baseline@0", "recurrent vs baseline@T/8",
+        "shuffled vs recurrent",
     }  # fmt: skip
+    assert math.isfinite(results["carried_gain_lost_when_shuffled"])
+    assert results["settings"]["backbone"] == "frozen"
     versus_control = results["comparisons"]["recurrent vs control"]
     assert versus_control["low"] <= versus_control["relative_difference"] <= versus_control["high"]
     assert versus_control["num_segments"] == 2 * 8  # two books of 59 predicted tokens in pieces of 8
-    assert set(results["nll_by_window_position"]) == {"baseline@0", "recurrent@0", "control@0"}
+    assert set(results["nll_by_window_position"]) == {
+        "baseline@0", "stock+bos@0", "stock+prompt@0", "recurrent@0", "shuffled@0", "control@0"
+    }  # fmt: skip
     assert all(len(values) == 8 for values in results["nll_by_window_position"].values())
     assert [r["title"] for r in results["held_out"]] == ["Northanger Abbey", "Persuasion"]
 
@@ -76,7 +90,7 @@ def test_three_arms_end_to_end(books_available, tiny_llama_folder, tmp_path, cap
     assert (out / "perplexity_vs_flops.png").stat().st_size > 0
     assert (out / "nll_by_window_position.png").stat().st_size > 0
     report = (out / "results.md").read_text()
-    for goal in ("goal 1", "goal 2", "goal 3"):
+    for goal in ("goal carried context", "goal paper claim 2", "goal specificity"):
         assert goal in report
 
     # The control's recurrence reads zeros: its layer weights get no gradient and keep their initial value, while the
@@ -96,6 +110,10 @@ def test_three_arms_end_to_end(books_available, tiny_llama_folder, tmp_path, cap
         (["--overlap_fractions", "0", "1.0"], "overlap_fractions=[1.0]"),
         (["--eval_tokens_per_book", "8"], "eval_tokens_per_book=8"),
         (["--eval_split", "dev"], "eval_split='dev'"),
+        (["--backbone", "half"], "backbone='half'"),
+        (["--lora_target_modules", "c_attn"], "lora_target_modules must name some of"),
+        (["--lora_rank", "0"], "lora_rank=0"),
+        (["--backbone_learning_rate", "0"], "backbone_learning_rate=0"),
     ],
 )
 def test_bad_options_are_refused_before_any_work(options, message, tmp_path, capsys):
@@ -147,3 +165,171 @@ def test_every_book_preset_is_valid_and_reads_the_papers_overlaps(preset):
     settings = BookReproductionSettings(**BOOK_PRESETS[preset])
     assert list(settings.overlap_fractions) == [0.0, 0.125, 0.25, 0.5]
     assert settings.eval_split == "test"
+
+
+# --- The backbone setting and the decomposition, on a tiny Llama without the books ---
+
+
+def _tiny_llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).eval()
+
+
+def _settings(**overrides) -> BookReproductionSettings:
+    tiny = {"window_size": 8, "insertion_layer": 1, "windows_per_block": 2, "batch_size": 2, "max_steps": 3}
+    rates = {"warmup_steps": 0, "learning_rate": 0.05, "backbone_learning_rate": 0.05}
+    return BookReproductionSettings(**{**tiny, **rates, **overrides})
+
+
+STREAM = torch.randint(1, 99, (400,), generator=torch.Generator().manual_seed(3)).tolist()
+
+
+def _changed(before: dict, after: dict) -> set[str]:
+    return {key for key, value in after.items() if key not in before or not torch.equal(before[key], value)}
+
+
+def test_lora_arm_changes_only_lora_merged_layers_and_the_recurrence():
+    llama = _tiny_llama()
+    before = {key: value.clone() for key, value in llama.state_dict().items()}
+    model, loss, _ = book_reproduction.train_arm(
+        llama, "window", STREAM, _settings(backbone="lora", lora_target_modules=["q_proj", "down_proj"])
+    )
+    assert loss is not None and type(model).__name__ == "RecurrentLlamaForCausalLM"  # PEFT's wrapper merged away
+    changed = _changed(before, model.state_dict())
+    recurrence = {key for key in changed if ".recurrence." in key}
+    backbone = changed - recurrence
+    # Adapters on layers 1 and 2 (from the insertion layer up), on the two named projections only.
+    assert backbone == {f"model.layers.{i}.{m}.weight" for i in (1, 2) for m in ("self_attn.q_proj", "mlp.down_proj")}
+    assert recurrence
+    assert all(torch.equal(value, before[key]) for key, value in llama.state_dict().items())  # the source untouched
+
+
+def test_baseline_trains_the_same_backbone_parameters_as_the_recurrent_arms():
+    settings = _settings(backbone="lora", lora_first_layer=0)
+    llama = _tiny_llama()
+    before = {key: value.clone() for key, value in llama.state_dict().items()}
+    baseline, baseline_loss, _ = book_reproduction.train_arm(llama, None, STREAM, settings)
+    recurrent, _, _ = book_reproduction.train_arm(llama, "window", STREAM, settings)
+    assert baseline_loss is not None and type(baseline) is LlamaForCausalLM
+    recurrent_backbone = {key for key in _changed(before, recurrent.state_dict()) if ".recurrence." not in key}
+    assert _changed(before, baseline.state_dict()) == recurrent_backbone
+    # Frozen: the baseline trains nothing and stays the stock model.
+    frozen, frozen_loss, _ = book_reproduction.train_arm(llama, None, STREAM, _settings())
+    assert frozen_loss is None and not _changed(before, frozen.state_dict())
+
+
+def test_baseline_arm_reads_exactly_the_blocks_the_recurrent_arm_reads(monkeypatch):
+    seen: dict[str, list[torch.Tensor]] = {}
+    real_fine_tune = book_reproduction.fine_tune
+
+    def recording_fine_tune(model, dataset, settings, collator=None, **kwargs):
+        reads = seen.setdefault("baseline" if collator is not None else "recurrent", [])
+        model.register_forward_pre_hook(
+            lambda module, args, kwargs: reads.append(kwargs["input_ids"].reshape(-1, 16).clone()), with_kwargs=True
+        )
+        return real_fine_tune(model, dataset, settings, collator=collator, **kwargs)
+
+    monkeypatch.setattr(book_reproduction, "fine_tune", recording_fine_tune)
+    settings = _settings(backbone="full")
+    book_reproduction.train_arm(_tiny_llama(), None, STREAM, settings)
+    book_reproduction.train_arm(_tiny_llama(), "window", STREAM, settings)
+    assert len(seen["baseline"]) == len(seen["recurrent"]) == 3
+    for baseline_step, recurrent_step in zip(seen["baseline"], seen["recurrent"], strict=True):
+        assert torch.equal(baseline_step, recurrent_step)  # (batch, 2 windows x 8): the same tokens in order
+
+
+def test_parameter_groups_give_the_recurrence_and_the_backbone_their_own_learning_rates():
+    model = book_reproduction.recurrent_llama_from_llama(_tiny_llama(), window_size=8, insertion_layer=1)
+    _, groups = book_reproduction.adapt_backbone(model, _settings(backbone="full", backbone_learning_rate=1e-5))
+    names = {id(p): n for n, p in model.named_parameters()}
+    recurrence, backbone = groups
+    assert recurrence["lr"] == 0.05 and all(".recurrence." in names[id(p)] for p in recurrence["params"])
+    assert backbone["lr"] == 1e-5 and len(backbone["params"]) + len(recurrence["params"]) == len(names)
+
+
+def test_shuffled_h_prev_reads_each_row_with_another_rows_summary():
+    model = book_reproduction.recurrent_llama_from_llama(_tiny_llama(), window_size=8, insertion_layer=1)
+    with torch.no_grad():
+        for parameter in model.model.recurrence.parameters():  # an untrained FFN starts near zero: make it matter
+            parameter.normal_()
+    ids = torch.randint(1, 99, (2, 24), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        plain = model(ids).logits
+        with book_reproduction.h_prev_from_another_row(model):
+            shuffled = model(ids).logits
+        after = model(ids).logits
+    torch.testing.assert_close(shuffled[:, :8], plain[:, :8], rtol=0, atol=0)  # the first window has no h_prev
+    assert not torch.allclose(shuffled[:, 8:], plain[:, 8:])
+    torch.testing.assert_close(after, plain, rtol=0, atol=0)  # the hook is gone
+    # Each row's second window, read with the other row's first-window summary, equals reading it after that row.
+    swapped = ids.flip(0)
+    with torch.no_grad():
+        state = model.new_state(2)
+        model(swapped[:, :8], past_key_values=state)
+        second = model(ids[:, 8:16], past_key_values=state).logits
+    torch.testing.assert_close(shuffled[:, 8:16], second, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_training_runs_on_cpu_and_leaves_float32_weights():
+    model, loss, _ = book_reproduction.train_arm(_tiny_llama(), "window", STREAM, _settings(bf16=True))
+    assert math.isfinite(loss)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_window_prefix_reads_the_prefix_before_every_window_and_scores_the_window_only():
+    llama = _tiny_llama()
+    prefixed = WindowPrefixed(llama, [5, 6, 7])
+    ids = torch.randint(1, 99, (2, 8), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = llama(torch.cat([torch.tensor([[5, 6, 7]] * 2), ids], dim=1)).logits[:, 3:]
+        torch.testing.assert_close(prefixed(ids).logits, expected, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(prefixed(ids, logits_to_keep=2).logits, expected[:, -2:], rtol=1e-6, atol=1e-6)
+    # As a model for windowed_perplexity: every window of the documents read after the prefix.
+    document = torch.randint(1, 99, (30,), generator=torch.Generator().manual_seed(4))
+    result = windowed_perplexity(prefixed, document, 8, 0, return_token_nll=True, show_progress=False)
+    first_window = llama(torch.cat([torch.tensor([5, 6, 7]), document[:8]])[None]).logits[0, 3:-1]
+    manual = torch.nn.functional.cross_entropy(first_window, document[1:8], reduction="none")
+    torch.testing.assert_close(result.token_nll[0].nll[:7], manual.detach(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="prefix_ids is empty"):
+        WindowPrefixed(llama, [])
+
+
+def test_fact_probe_plants_a_name_in_window_one_and_scores_only_its_tokens_in_window_two():
+    from hf_recurrence.data.fact_probe import PLANT, FactProbe
+
+    tokenizer = stdlib_tokenizer()
+    stream = tokenizer("\n".join(inspect.getsource(m) for m in (json, shutil)))["input_ids"]
+    probe = FactProbe(stream, tokenizer, window_size=32, num_examples=6, seed=1)
+    assert len(probe) == 6 and len(set(probe.names)) == 6
+    ask = tokenizer(PLANT, add_special_tokens=False)["input_ids"]
+    for example, name in zip(probe.examples, probe.names, strict=True):
+        ids, labels = example["input_ids"], example["labels"]
+        assert ids.shape == labels.shape == (64,)
+        name_ids = tokenizer(" " + name, add_special_tokens=False)["input_ids"]
+        scored = labels != -100
+        assert scored.sum() == len(name_ids) and scored[-len(name_ids) :].all()  # only the name, at the end
+        assert ids[-len(name_ids) - len(ask) : -len(name_ids)].tolist() == ask
+        first = ids[:32].tolist()  # the plant, name included, sits in window 1
+        planted = ask + name_ids
+        assert any(first[i : i + len(planted)] == planted for i in range(32 - len(planted) + 1))
+    with pytest.raises(ValueError, match="fewer than num_examples=100000"):
+        FactProbe(stream, tokenizer, window_size=32, num_examples=100000)
+
+
+def test_fact_probe_run_reports_the_stock_reader_the_recurrent_arm_and_the_swap_control():
+    tokenizer = stdlib_tokenizer()
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(
+        LlamaConfig(**{**TINY_LLAMA, "vocab_size": len(tokenizer), "max_position_embeddings": 32})
+    )
+    stream = tokenizer("\n".join(inspect.getsource(m) for m in (json, shutil, inspect)))["input_ids"]
+    half = len(stream) // 2
+    settings = _settings(window_size=32, max_steps=2, batch_size=2)
+    result = book_reproduction.run_fact_probe(
+        llama.eval(), tokenizer, stream[:half], stream[half:], settings, num_held_out=4
+    )
+    assert result["train_examples"] == 4 and result["held_out_examples"] == 4
+    for reader in ("stock", "recurrent", "swapped"):
+        assert math.isfinite(result[reader]["name_nll"]) and 0 <= result[reader]["recalled"] <= 1
+    # The swap control reads other examples' summaries: its scores differ from the recurrent arm's own.
+    assert result["swapped"]["name_nll"] != result["recurrent"]["name_nll"]

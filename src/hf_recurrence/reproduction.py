@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import torch
 from transformers import (
     AutoConfig,
     AutoTokenizer,
@@ -26,7 +27,7 @@ from transformers import (
 from .data import TokenBlocks, WindowedBlocksCollator, read_documents, token_stream
 from .evaluation import plot_perplexity_vs_flops, windowed_perplexity, write_report
 from .models import RecurrentGPT2Config, RecurrentGPT2LMHeadModel
-from .outputs import REPORT_FILES, UsageError, prepare_output_dir
+from .outputs import REPORT_FILES, UsageError, finish_output_dir, prepare_output_dir
 from .pretraining import default_model_path, short_run_arguments
 
 
@@ -130,9 +131,23 @@ class TrainingSchedule(Protocol):
     seed: int
 
 
-def fine_tune(model: PreTrainedModel, dataset, settings: TrainingSchedule, collator=None) -> float:
-    """Fine-tune the trainable parameters of `model` with the stock Trainer; returns the final training loss."""
+def fine_tune(
+    model: PreTrainedModel,
+    dataset,
+    settings: TrainingSchedule,
+    collator=None,
+    parameter_groups: list[dict] | None = None,
+    bf16: bool = False,
+) -> float:
+    """Fine-tune the trainable parameters of `model` with the stock Trainer; returns the final training loss.
+
+    `parameter_groups`: AdamW parameter groups with their own `lr` (the schedule scales each), instead of every
+    trainable parameter at `settings.learning_rate`.
+    """
     set_seed(settings.seed)
+    optimizer = None
+    if parameter_groups is not None:
+        optimizer = torch.optim.AdamW(parameter_groups, lr=settings.learning_rate, weight_decay=0.01)
     with tempfile.TemporaryDirectory(prefix="hf_recurrence_reproduce_") as scratch:
         trainer = Trainer(
             model=model,
@@ -143,9 +158,11 @@ def fine_tune(model: PreTrainedModel, dataset, settings: TrainingSchedule, colla
                 learning_rate=settings.learning_rate,
                 warmup_steps=settings.warmup_steps,
                 seed=settings.seed,
+                bf16=bf16,
             ),
             train_dataset=dataset,
             data_collator=collator,
+            optimizers=(optimizer, None),
         )
         return trainer.train().training_loss
 
@@ -179,13 +196,13 @@ def reproduce(settings: ReproductionSettings, output_dir: Path, *, overwrite: bo
         f"Model {source}; training stream {len(stream):,} tokens from {len(train_texts)} documents; held-out "
         f"{sum(map(len, test_ids)):,} tokens in {len(test_docs)} documents ({', '.join(n for n, _ in test_docs)})"
     )
-    prepare_output_dir(output_dir, REPORT_FILES, overwrite=overwrite)
+    prepare_output_dir(output_dir, REPORT_FILES, writer="hf-recurrence reproduce", overwrite=overwrite)
 
     rows = []
 
     def record(row: dict) -> None:
         rows.append(row)
-        write_report(output_dir, rows, **report_header(settings, source, start))
+        write_report(output_dir, rows, finished=False, **report_header(settings, source, start))
 
     for window_size in settings.window_sizes:
         windows_per_block = settings.block_tokens // window_size
@@ -228,8 +245,9 @@ def reproduce(settings: ReproductionSettings, output_dir: Path, *, overwrite: bo
 
     minutes = (time.perf_counter() - start) / 60
     summary = findings(rows)
-    table = write_report(output_dir, rows, summary, **report_header(settings, source, start))
+    table = write_report(output_dir, rows, summary, finished=True, **report_header(settings, source, start))
     plot_perplexity_vs_flops(rows, output_dir / "perplexity_vs_flops.png")
+    finish_output_dir(output_dir)
     print("\n" + table + "\n")
     for line in summary:
         print(line)
