@@ -69,6 +69,12 @@ def check_backbone(text_config: PreTrainedConfig) -> None:
             model_type,
             "it uses multi-head latent attention, whose compressed key/value cache the window cache cannot hold",
         )
+    if getattr(text_config, "add_cross_attention", False):
+        raise _refusal(model_type, "add_cross_attention=True adds cross-attention, which has no window to recur over")
+    if getattr(text_config, "reorder_and_upcast_attn", False):
+        raise _refusal(
+            model_type, "reorder_and_upcast_attn=True computes attention outside transformers' attention interface"
+        )
     if model_type not in PRE_ATTENTION_NORMS:
         reason = "it is not a causal decoder" if not getattr(text_config, "is_decoder", True) else "it is unchecked"
         raise _refusal(
