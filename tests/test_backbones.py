@@ -1,7 +1,9 @@
 """What the recurrence core (`RecurrentDecoderForCausalLM`) must do over every backbone, run over the backbone table
 (`tests/families.py` BACKBONES): its first window is the stock model, chunked calls carrying the state equal one
 call, greedy generation past the position table equals an argmax loop, a left-padded row equals the row alone, a
-saved state continues the text, and h_prev enters the insertion layer through the norm the family's attention reads.
+saved state continues the text, the state detaches, resets and reorders, rows in lockstep plan their windows on the
+host, attention weights come laid out by window position, and h_prev enters the insertion layer through the norm the
+family's attention reads.
 """
 
 import pytest
@@ -123,3 +125,67 @@ def test_h_prev_passes_the_norm_that_the_attention_reads(backbone):
     norm = getattr(layer, norm_name) if norm_name is not None else torch.nn.Identity()
     with torch.no_grad():
         torch.testing.assert_close(seen["attention"], norm(seen["layer"]))
+
+
+@by_backbone()
+def test_state_detach_reset_and_reorder(backbone):
+    model, _ = backbone.models(window_overlap=2)
+    tokens, following = ids(3, 20), ids(3, 9).flip(1)
+    state = model.train()(tokens).past_key_values
+    assert state.h_prev.requires_grad
+    assert state.detach() is state and not state.h_prev.requires_grad
+    assert not any(t.requires_grad for t in [*state.keys, *state.values, state.pooled_sum, state.overlap_embeds])
+    model.eval()
+    with torch.no_grad():
+        continued = model(following, past_key_values=model(tokens).past_key_values).logits
+        state = model(tokens).past_key_values
+        order = torch.tensor([2, 2, 0])
+        state.reorder_cache(order)
+        torch.testing.assert_close(model(following[order], past_key_values=state).logits, continued[order])
+        state.reset()
+        assert state.get_seq_length() == 0 and state.lockstep == (0, 0)
+        torch.testing.assert_close(model(following, past_key_values=state).logits, model(following).logits)
+
+
+def _scalar_reads(fn) -> int:
+    """How many times `fn` reads a scalar from a tensor (a device-to-host sync on a GPU)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        fn()
+    return sum(event.count for event in profiler.key_averages() if event.key == "aten::_local_scalar_dense")
+
+
+@by_backbone()
+def test_rows_in_lockstep_plan_their_windows_on_the_host(backbone):
+    model, _ = backbone.models(window_overlap=3)
+    tokens = ids()
+    with torch.no_grad():
+        assert model(tokens[:, :12]).past_key_values.lockstep == (7, 1)
+        on_device = model.new_state(2)
+        on_device.leave_lockstep()
+        torch.testing.assert_close(model(tokens, past_key_values=on_device).logits, model(tokens).logits)
+        # One read per call (whether the input has padding), none in the window loop or the stock forward.
+        assert _scalar_reads(lambda: model(tokens)) == 1
+        assert _scalar_reads(lambda: model(tokens, attention_mask=torch.ones_like(tokens))) == 1
+
+
+@by_backbone()
+def test_attentions_are_laid_out_by_window_position(backbone):
+    model, _ = backbone.models(window_overlap=3)
+    tokens = ids()
+    mask = torch.ones_like(tokens)
+    mask[1, :5] = 0
+    config = model.config.text_config
+    with torch.no_grad():
+        plain = model(tokens, attention_mask=mask)
+        out = model(tokens, attention_mask=mask, output_attentions=True, output_hidden_states=True)
+    # Asking for the weights (eager attention for the call) does not change the result.
+    torch.testing.assert_close(out.logits, plain.logits, rtol=1e-5, atol=1e-5)
+    assert len(out.attentions) == config.num_hidden_layers and len(out.hidden_states) == config.num_hidden_layers + 1
+    for layer, weights in enumerate(out.attentions):
+        assert weights.shape == (2, config.num_attention_heads, 30, 1 + 8)
+        row_sums = weights.sum(-1)  # (batch, head, length): 1 at real positions, 0 at padding
+        torch.testing.assert_close(row_sums, mask[:, None, :].float().expand_as(row_sums))
+        # h_prev is attended at the insertion layer only, and only after a row's first window.
+        h_prev = weights[..., 0]
+        assert not h_prev[0, :, :8].any()
+        assert bool(h_prev[0, :, 8:].all()) if layer == 1 else not h_prev.any()

@@ -1,6 +1,6 @@
 """What is the recurrence core's own: loading stock checkpoints, refusing backbones it cannot run over, keeping the
 recurrence whatever attention implementation transformers is asked for, and the features every causal family has
-(attentions and hidden states, packed documents, logits_to_keep, gradient checkpointing, Trainer, LoRA, pipelines,
+(packed documents, logits_to_keep, gradient checkpointing, Trainer, LoRA, pipelines,
 remote code)."""
 
 import json
@@ -160,27 +160,6 @@ def test_attn_implementation_never_leaves_a_model_without_the_recurrence(tmp_pat
     # The backbone run on its own under the recurrent name has no window step: an error, not a stock result.
     with pytest.raises(RuntimeError, match="without its window step"):
         reference.backbone(tokens)
-
-
-@pytest.mark.parametrize("name", ["qwen3", "gpt2"])
-def test_attentions_and_hidden_states(name):
-    model, _ = BY_NAME[name].models(window_overlap=3)
-    tokens = ids()
-    mask = torch.ones_like(tokens)
-    mask[1, :5] = 0
-    layers = model.config.text_config.num_hidden_layers
-    with torch.no_grad():
-        plain = model(tokens, attention_mask=mask)
-        out = model(tokens, attention_mask=mask, output_attentions=True, output_hidden_states=True)
-    torch.testing.assert_close(out.logits, plain.logits, rtol=1e-5, atol=1e-5)
-    assert len(out.attentions) == layers and len(out.hidden_states) == layers + 1
-    for layer, weights in enumerate(out.attentions):
-        assert weights.shape == (2, model.config.text_config.num_attention_heads, 30, 1 + 8)
-        row_sums = weights.sum(-1)  # (batch, head, length): 1 at real positions, 0 at padding
-        torch.testing.assert_close(row_sums, mask[:, None, :].float().expand_as(row_sums))
-        # h_prev is attended at the insertion layer only, and only after a row's first window.
-        assert bool(weights[..., 0].any()) == (layer == 1)
-    assert out.hidden_states[-1].shape == (2, 30, 32)
 
 
 def test_packed_documents_are_read_as_if_alone():
