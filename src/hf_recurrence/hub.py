@@ -99,6 +99,17 @@ FAMILIES: dict[str, FamilyCard] = {
         pipeline_tag="text-generation",
         auto_class="AutoModelForCausalLM",
     ),
+    "recurrent_decoder": FamilyCard(
+        name="Recurrent decoder",
+        paper=Paper(
+            authors=("Davis Yoshida", "Allyson Ettinger", "Kevin Gimpel"),
+            title="Adding Recurrence to Pretrained Transformers for Improved Efficiency and Context Size",
+            year=2020,
+            arxiv="2008.07027",
+        ),
+        pipeline_tag="text-generation",
+        auto_class="AutoModelForCausalLM",
+    ),
     "inductive_bert": FamilyCard(
         name="I-BERT (inductive BERT)",
         paper=Paper(
