@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import LoraConfig, PrefixTuningConfig, PromptTuningConfig, TaskType, get_peft_model
 from peft.tuners.lora import LoraLayer
 from safetensors import safe_open
 from transformers import (
@@ -230,6 +230,17 @@ def test_trainer_and_lora_with_default_targets(name, targets, tmp_path):
     tokens = ids()
     lora(tokens, labels=tokens).loss.backward()
     assert all(p.grad is not None for n, p in lora.named_parameters() if "lora_B" in n)
+
+
+def test_prompt_tuning_runs_and_prefix_tuning_is_refused_with_the_reason():
+    tokens = ids()
+    model, _ = BY_NAME["qwen2"].models()
+    prompt_tuned = get_peft_model(model, PromptTuningConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=5))
+    assert torch.isfinite(prompt_tuned(input_ids=tokens, labels=tokens).loss)
+    model, _ = BY_NAME["qwen2"].models()
+    prefix_tuned = get_peft_model(model, PrefixTuningConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=5))
+    with pytest.raises(TypeError, match="PEFT prefix tuning .* is not supported; LoRA and prompt tuning are"):
+        prefix_tuned(input_ids=tokens, labels=tokens)
 
 
 def test_text_generation_pipeline_with_left_padded_batches():
