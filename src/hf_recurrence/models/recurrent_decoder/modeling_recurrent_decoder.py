@@ -1039,8 +1039,8 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
             self.backbone.get_correct_attn_implementation(inner)
             backbone_config._attn_implementation_internal = wanted
 
-    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func: Callable = None, **kwargs):
-        super()._set_gradient_checkpointing(enable, gradient_checkpointing_func, **kwargs)
+    def _set_gradient_checkpointing(self, *args, **kwargs) -> None:
+        super()._set_gradient_checkpointing(*args, **kwargs)
         # Whole window steps are recomputed (`RecurrentDecoderWindowStep`); the stock layers inside need not be.
         for module in self.backbone.modules():
             if hasattr(module, "gradient_checkpointing"):
