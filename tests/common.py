@@ -175,12 +175,18 @@ def stdlib_tokenizer(vocab_size: int = 300) -> PreTrainedTokenizerFast:
 
 
 def run_isolated_python(
-    code: str, cwd: Path, hf_home: Path, timeout: int = 300, env: dict[str, str] | None = None
+    code: str,
+    cwd: Path,
+    hf_home: Path,
+    timeout: int = 300,
+    env: dict[str, str] | None = None,
+    python: Path | None = None,
 ) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter where `hf_recurrence` cannot be imported, even though it is installed.
 
     The interpreter is offline with an empty cache at `hf_home`; `env` adds or overrides variables, e.g.
-    `{"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub_url}` to load from the test Hub.
+    `{"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub_url}` to load from the test Hub. `python`: another interpreter
+    (another environment) instead of this one.
     """
     prelude = "import sys\nsys.modules['hf_recurrence'] = None\n"
     env = {
@@ -193,7 +199,7 @@ def run_isolated_python(
         **(env or {}),
     }
     return subprocess.run(
-        [sys.executable, "-c", prelude + code],
+        [str(python or sys.executable), "-c", prelude + code],
         cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,

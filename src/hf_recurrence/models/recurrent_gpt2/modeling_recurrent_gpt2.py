@@ -8,7 +8,7 @@ import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 
 import torch
@@ -27,6 +27,32 @@ from .configuration_recurrent_gpt2 import RecurrentGPT2Config
 
 
 logger = logging.get_logger(__name__)
+
+# transformers 5.24 renamed `past_key_values` to `cache`: the forward argument, the output field and what generate()
+# passes back (its ModelOutput answers the old name through a property). The state travels under the installed
+# version's name, and forward accepts both.
+STATE_NAME = "cache" if isinstance(getattr(ModelOutput, "past_key_values", None), property) else "past_key_values"
+
+
+def _given_state(past_key_values: object | None, cache: object | None) -> object | None:
+    """The state passed under either name."""
+    if past_key_values is not None and cache is not None:
+        raise ValueError(
+            "Pass the state once: as cache or as past_key_values (its name before transformers 5.24), not both"
+        )
+    return past_key_values if cache is None else cache
+
+
+def _model_output_class(name: str, doc: str, fields: dict[str, object]) -> type[ModelOutput]:
+    """A ModelOutput dataclass with `fields` (name -> annotation, each defaulting to None), in which the field named
+    `past_key_values` takes the installed transformers' name for the state (a dataclass's field names are fixed when
+    the class is made, and transformers 5.24's generate() reads `outputs.cache`)."""
+    return make_dataclass(
+        name,
+        [(STATE_NAME if key == "past_key_values" else key, kind, field(default=None)) for key, kind in fields.items()],
+        bases=(ModelOutput,),
+        namespace={"__doc__": doc, "__module__": __name__},
+    )
 
 
 def eager_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -408,6 +434,9 @@ class RecurrentGPT2State:
 
     # generate() asks every cache whether it can be compiled.
     is_compileable = False
+    # transformers >= 5.24's generate() slices a prompt by get_seq_length() only for a cache with some layer that is
+    # not linear attention (a linear layer has no length); the state has a length.
+    is_linear = (False,)
     # The model_type this state belongs to: what a saved state's header names, and how copies of this class (the
     # installed one and one loaded as Hub remote code) recognise each other's states.
     _family = "recurrent_gpt2"
@@ -749,14 +778,15 @@ class RecurrentGPT2State:
         )
 
 
-@dataclass
-class RecurrentGPT2ModelOutput(ModelOutput):
+RecurrentGPT2ModelOutput = _model_output_class(
+    "RecurrentGPT2ModelOutput",
     """
     Args:
         last_hidden_state (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`):
             Final hidden state of every input position, taken from the window in which the position is new.
         past_key_values ([`RecurrentGPT2State`], *optional*):
-            State to continue from, returned when `use_cache=True`.
+            State to continue from, returned when `use_cache=True`; the field is named `cache` from transformers 5.24
+            on (`past_key_values` still reads it there).
         hidden_states (`tuple(torch.FloatTensor)`, *optional*):
             Embedding output and every block's output, `(batch_size, sequence_length, hidden_size)` each.
         attentions (`tuple(torch.FloatTensor)`, *optional*):
@@ -764,16 +794,18 @@ class RecurrentGPT2ModelOutput(ModelOutput):
             column 0 is `h_prev` (zero outside the insertion block and in a row's first window), column `1 + j` is
             position `j` of the query's own window (the state's `window_size`; the overlap a window re-reads holds
             its first positions). Rows of padding positions are zero.
-    """
+    """,
+    {
+        "last_hidden_state": torch.FloatTensor | None,
+        "past_key_values": RecurrentGPT2State | None,
+        "hidden_states": tuple[torch.FloatTensor, ...] | None,
+        "attentions": tuple[torch.FloatTensor, ...] | None,
+    },
+)
 
-    last_hidden_state: torch.FloatTensor | None = None
-    past_key_values: RecurrentGPT2State | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
 
-
-@dataclass
-class RecurrentGPT2CausalLMOutput(ModelOutput):
+RecurrentGPT2CausalLMOutput = _model_output_class(
+    "RecurrentGPT2CausalLMOutput",
     """
     Args:
         loss (`torch.FloatTensor` of shape `()`, *optional*):
@@ -781,7 +813,8 @@ class RecurrentGPT2CausalLMOutput(ModelOutput):
         logits (`torch.FloatTensor` of shape `(batch_size, sequence_length, vocab_size)`, *optional*):
             Next-token scores. Omitted when `labels` is given, unless `return_logits=True`.
         past_key_values ([`RecurrentGPT2State`], *optional*):
-            State to continue from, returned when `use_cache=True`.
+            State to continue from, returned when `use_cache=True`; the field is named `cache` from transformers 5.24
+            on (`past_key_values` still reads it there).
         hidden_states (`tuple(torch.FloatTensor)`, *optional*):
             Embedding output and every block's output, `(batch_size, sequence_length, hidden_size)` each.
         attentions (`tuple(torch.FloatTensor)`, *optional*):
@@ -789,13 +822,15 @@ class RecurrentGPT2CausalLMOutput(ModelOutput):
             column 0 is `h_prev` (zero outside the insertion block and in a row's first window), column `1 + j` is
             position `j` of the query's own window (the state's `window_size`; the overlap a window re-reads holds
             its first positions). Rows of padding positions are zero.
-    """
-
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    past_key_values: RecurrentGPT2State | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
+    """,
+    {
+        "loss": torch.FloatTensor | None,
+        "logits": torch.FloatTensor | None,
+        "past_key_values": RecurrentGPT2State | None,
+        "hidden_states": tuple[torch.FloatTensor, ...] | None,
+        "attentions": tuple[torch.FloatTensor, ...] | None,
+    },
+)
 
 
 @dataclass
@@ -1199,6 +1234,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
+        cache: RecurrentGPT2State | None = None,
         **kwargs,
     ) -> RecurrentGPT2ModelOutput:
         r"""
@@ -1208,8 +1244,9 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
             attention_mask (`torch.Tensor` of shape `(batch_size, sequence_length)`, *optional*):
                 1 for real tokens, 0 for padding (anywhere; padding never changes real tokens' outputs). May also
                 cover the past tokens, as `generate()` passes it; then its last `sequence_length` columns are used.
-            past_key_values ([`RecurrentGPT2State`], *optional*):
-                State returned by a previous call; the input continues that text exactly. A fresh
+            past_key_values or cache ([`RecurrentGPT2State`], *optional*):
+                State returned by a previous call (either name on any supported transformers: `cache` is its name
+                from transformers 5.24 on); the input continues that text exactly. A fresh
                 `RecurrentGPT2State(config, batch_size, window_size=..., window_overlap=...)` runs the input with
                 that window schedule instead of the config's; the schedule always comes from the state.
             inputs_embeds (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`, *optional*):
@@ -1231,8 +1268,9 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
                 Whether to return every block's attention weights, laid out by window position (see
                 [`RecurrentGPT2ModelOutput`]); computed with eager attention.
         """
+        state = _given_state(past_key_values, cache)
         run = self._run(
-            input_ids, attention_mask, past_key_values, inputs_embeds, output_hidden_states, output_attentions, kwargs
+            input_ids, attention_mask, state, inputs_embeds, output_hidden_states, output_attentions, kwargs
         )
         output = RecurrentGPT2ModelOutput(last_hidden_state=run.last_hidden_state(), **run.outputs(use_cache))
         return output if return_dict is not False else output.to_tuple()
@@ -1270,7 +1308,7 @@ class _WindowsRun:
     def outputs(self, use_cache: bool | None) -> dict:
         """The output fields every forward shares: the state (unless `use_cache=False`), hidden states, attentions."""
         return {
-            "past_key_values": self.state if use_cache is not False else None,
+            STATE_NAME: self.state if use_cache is not False else None,
             "hidden_states": (
                 _concat_layers([s.all_hidden for s in self.steps], dim=1) if self.output_hidden_states else None
             ),
@@ -1381,11 +1419,12 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
         return_logits: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         return_dict: bool | None = None,
+        cache: RecurrentGPT2State | None = None,
         **kwargs,
     ) -> RecurrentGPT2CausalLMOutput:
         r"""
         Args:
-            input_ids, attention_mask, past_key_values, inputs_embeds, position_ids, use_cache, output_hidden_states, output_attentions:
+            input_ids, attention_mask, past_key_values, cache, inputs_embeds, position_ids, use_cache, output_hidden_states, output_attentions:
                 As in [`RecurrentGPT2Model.forward`].
             labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
                 Targets, usually `input_ids`; shifted inside the model (`-100` is ignored). The loss is computed
@@ -1428,7 +1467,7 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
         run = self.transformer._run(
             input_ids,
             attention_mask,
-            past_key_values,
+            _given_state(past_key_values, cache),
             inputs_embeds,
             output_hidden_states,
             output_attentions,

@@ -8,7 +8,7 @@ follow transformers' Llama so that Llama checkpoints load unchanged; the only ne
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 
 import torch
@@ -34,6 +34,32 @@ from .configuration_recurrent_llama import RecurrentLlamaConfig
 
 
 logger = logging.get_logger(__name__)
+
+# transformers 5.24 renamed `past_key_values` to `cache` (see the recurrent GPT-2 folder).
+STATE_NAME = "cache" if isinstance(getattr(ModelOutput, "past_key_values", None), property) else "past_key_values"
+
+
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._given_state
+def _given_state(past_key_values: object | None, cache: object | None) -> object | None:
+    """The state passed under either name."""
+    if past_key_values is not None and cache is not None:
+        raise ValueError(
+            "Pass the state once: as cache or as past_key_values (its name before transformers 5.24), not both"
+        )
+    return past_key_values if cache is None else cache
+
+
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._model_output_class
+def _model_output_class(name: str, doc: str, fields: dict[str, object]) -> type[ModelOutput]:
+    """A ModelOutput dataclass with `fields` (name -> annotation, each defaulting to None), in which the field named
+    `past_key_values` takes the installed transformers' name for the state (a dataclass's field names are fixed when
+    the class is made, and transformers 5.24's generate() reads `outputs.cache`)."""
+    return make_dataclass(
+        name,
+        [(STATE_NAME if key == "past_key_values" else key, kind, field(default=None)) for key, kind in fields.items()],
+        bases=(ModelOutput,),
+        namespace={"__doc__": doc, "__module__": __name__},
+    )
 
 
 # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._right_packing_index
@@ -402,6 +428,9 @@ class RecurrentLlamaState:
 
     # generate() asks every cache whether it can be compiled.
     is_compileable = False
+    # transformers >= 5.24's generate() slices a prompt by get_seq_length() only for a cache with some layer that is
+    # not linear attention (a linear layer has no length); the state has a length.
+    is_linear = (False,)
     # The model_type this state belongs to: what a saved state's header names, and how copies of this class (the
     # installed one and one loaded as Hub remote code) recognise each other's states.
     _family = "recurrent_llama"
@@ -772,14 +801,15 @@ class RecurrentLlamaState:
         )
 
 
-@dataclass
-class RecurrentLlamaModelOutput(ModelOutput):
+RecurrentLlamaModelOutput = _model_output_class(
+    "RecurrentLlamaModelOutput",
     """
     Args:
         last_hidden_state (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`):
             Final hidden state of every input position, taken from the window in which the position is new.
         past_key_values ([`RecurrentLlamaState`], *optional*):
-            State to continue from, returned when `use_cache=True`.
+            State to continue from, returned when `use_cache=True`; the field is named `cache` from transformers 5.24
+            on (`past_key_values` still reads it there).
         hidden_states (`tuple(torch.FloatTensor)`, *optional*):
             Embedding output and every layer's output, `(batch_size, sequence_length, hidden_size)` each.
         attentions (`tuple(torch.FloatTensor)`, *optional*):
@@ -787,16 +817,18 @@ class RecurrentLlamaModelOutput(ModelOutput):
             column 0 is `h_prev` (zero outside the insertion layer and in a row's first window), column `1 + j` is
             position `j` of the query's own window (the state's `window_size`; the overlap a window re-reads holds
             its first positions). Rows of padding positions are zero.
-    """
+    """,
+    {
+        "last_hidden_state": torch.FloatTensor | None,
+        "past_key_values": RecurrentLlamaState | None,
+        "hidden_states": tuple[torch.FloatTensor, ...] | None,
+        "attentions": tuple[torch.FloatTensor, ...] | None,
+    },
+)
 
-    last_hidden_state: torch.FloatTensor | None = None
-    past_key_values: RecurrentLlamaState | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
 
-
-@dataclass
-class RecurrentLlamaCausalLMOutput(ModelOutput):
+RecurrentLlamaCausalLMOutput = _model_output_class(
+    "RecurrentLlamaCausalLMOutput",
     """
     Args:
         loss (`torch.FloatTensor` of shape `()`, *optional*):
@@ -805,7 +837,8 @@ class RecurrentLlamaCausalLMOutput(ModelOutput):
             Next-token scores (of the last `logits_to_keep` positions if given). Omitted when `labels` is given,
             unless `return_logits=True`.
         past_key_values ([`RecurrentLlamaState`], *optional*):
-            State to continue from, returned when `use_cache=True`.
+            State to continue from, returned when `use_cache=True`; the field is named `cache` from transformers 5.24
+            on (`past_key_values` still reads it there).
         hidden_states (`tuple(torch.FloatTensor)`, *optional*):
             Embedding output and every layer's output, `(batch_size, sequence_length, hidden_size)` each.
         attentions (`tuple(torch.FloatTensor)`, *optional*):
@@ -813,13 +846,15 @@ class RecurrentLlamaCausalLMOutput(ModelOutput):
             column 0 is `h_prev` (zero outside the insertion layer and in a row's first window), column `1 + j` is
             position `j` of the query's own window (the state's `window_size`; the overlap a window re-reads holds
             its first positions). Rows of padding positions are zero.
-    """
-
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    past_key_values: RecurrentLlamaState | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
+    """,
+    {
+        "loss": torch.FloatTensor | None,
+        "logits": torch.FloatTensor | None,
+        "past_key_values": RecurrentLlamaState | None,
+        "hidden_states": tuple[torch.FloatTensor, ...] | None,
+        "attentions": tuple[torch.FloatTensor, ...] | None,
+    },
+)
 
 
 # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._StepOutput
@@ -1234,6 +1269,7 @@ class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
+        cache: RecurrentLlamaState | None = None,
         **kwargs,
     ) -> RecurrentLlamaModelOutput:
         r"""
@@ -1243,8 +1279,9 @@ class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
             attention_mask (`torch.Tensor` of shape `(batch_size, sequence_length)`, *optional*):
                 1 for real tokens, 0 for padding (anywhere; padding never changes real tokens' outputs). May also
                 cover the past tokens, as `generate()` passes it; then its last `sequence_length` columns are used.
-            past_key_values ([`RecurrentLlamaState`], *optional*):
-                State returned by a previous call, or a fresh one with another window schedule; the input continues
+            past_key_values or cache ([`RecurrentLlamaState`], *optional*):
+                State returned by a previous call (either name on any supported transformers: `cache` is its name
+                from transformers 5.24 on), or a fresh one with another window schedule; the input continues
                 that text exactly.
             inputs_embeds (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`, *optional*):
                 Token embeddings instead of `input_ids`.
@@ -1265,8 +1302,9 @@ class RecurrentLlamaModel(RecurrentLlamaPreTrainedModel):
                 Whether to return every layer's attention weights, laid out by window position (see
                 [`RecurrentLlamaModelOutput`]); computed with eager attention.
         """
+        state = _given_state(past_key_values, cache)
         run = self._run(
-            input_ids, attention_mask, past_key_values, inputs_embeds, output_hidden_states, output_attentions, kwargs
+            input_ids, attention_mask, state, inputs_embeds, output_hidden_states, output_attentions, kwargs
         )
         output = RecurrentLlamaModelOutput(last_hidden_state=run.last_hidden_state(), **run.outputs(use_cache))
         return output if return_dict is not False else output.to_tuple()
@@ -1307,7 +1345,7 @@ class _WindowsRun:
     def outputs(self, use_cache: bool | None) -> dict:
         """The output fields every forward shares: the state (unless `use_cache=False`), hidden states, attentions."""
         return {
-            "past_key_values": self.state if use_cache is not False else None,
+            STATE_NAME: self.state if use_cache is not False else None,
             "hidden_states": (
                 _concat_layers([s.all_hidden for s in self.steps], dim=1) if self.output_hidden_states else None
             ),
@@ -1423,11 +1461,12 @@ class RecurrentLlamaForCausalLM(RecurrentLlamaPreTrainedModel, GenerationMixin):
         return_logits: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         return_dict: bool | None = None,
+        cache: RecurrentLlamaState | None = None,
         **kwargs,
     ) -> RecurrentLlamaCausalLMOutput:
         r"""
         Args:
-            input_ids, attention_mask, past_key_values, inputs_embeds, position_ids, use_cache, output_hidden_states, output_attentions:
+            input_ids, attention_mask, past_key_values, cache, inputs_embeds, position_ids, use_cache, output_hidden_states, output_attentions:
                 As in [`RecurrentLlamaModel.forward`].
             labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
                 Targets, usually `input_ids`; shifted inside the model (`-100` is ignored). The loss is computed
@@ -1470,7 +1509,7 @@ class RecurrentLlamaForCausalLM(RecurrentLlamaPreTrainedModel, GenerationMixin):
         run = self.model._run(
             input_ids,
             attention_mask,
-            past_key_values,
+            _given_state(past_key_values, cache),
             inputs_embeds,
             output_hidden_states,
             output_attentions,

@@ -90,7 +90,8 @@ class TransformerXLConfig(PreTrainedConfig):
     model_type = "transformer_xl"
     # The segment-recurrence settings, in the order model cards list them.
     family_settings = ("segment_length", "mem_len", "clamp_len", "same_length")
-    keys_to_ignore_at_inference = ["past_key_values"]
+    # Trainer leaves the state out of evaluation outputs; transformers 5.24 calls it cache.
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]
     attribute_map = {
         "hidden_size": "d_model",
         "num_attention_heads": "n_head",

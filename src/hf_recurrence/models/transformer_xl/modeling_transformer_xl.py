@@ -7,7 +7,7 @@ import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 
 import torch
@@ -22,6 +22,34 @@ from .configuration_transformer_xl import TransformerXLConfig
 
 
 logger = logging.get_logger(__name__)
+
+# transformers 5.24 renamed `past_key_values` to `cache`: the forward argument, the output field and what generate()
+# passes back (its ModelOutput answers the old name through a property). The state travels under the installed
+# version's name, and forward accepts both.
+STATE_NAME = "cache" if isinstance(getattr(ModelOutput, "past_key_values", None), property) else "past_key_values"
+
+
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._given_state
+def _given_state(past_key_values: object | None, cache: object | None) -> object | None:
+    """The state passed under either name."""
+    if past_key_values is not None and cache is not None:
+        raise ValueError(
+            "Pass the state once: as cache or as past_key_values (its name before transformers 5.24), not both"
+        )
+    return past_key_values if cache is None else cache
+
+
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._model_output_class
+def _model_output_class(name: str, doc: str, fields: dict[str, object]) -> type[ModelOutput]:
+    """A ModelOutput dataclass with `fields` (name -> annotation, each defaulting to None), in which the field named
+    `past_key_values` takes the installed transformers' name for the state (a dataclass's field names are fixed when
+    the class is made, and transformers 5.24's generate() reads `outputs.cache`)."""
+    return make_dataclass(
+        name,
+        [(STATE_NAME if key == "past_key_values" else key, kind, field(default=None)) for key, kind in fields.items()],
+        bases=(ModelOutput,),
+        namespace={"__doc__": doc, "__module__": __name__},
+    )
 
 
 def sinusoidal_position_encoding(distances: torch.Tensor, d_model: int) -> torch.Tensor:
@@ -528,6 +556,9 @@ class TransformerXLState:
 
     # generate() asks every cache whether it can be compiled.
     is_compileable = False
+    # transformers >= 5.24's generate() slices a prompt by get_seq_length() only for a cache with some layer that is
+    # not linear attention (a linear layer has no length); the state has a length.
+    is_linear = (False,)
     # The model_type this state belongs to: what a saved state's header names, and how copies of this class (the
     # installed one and one loaded as Hub remote code) recognise each other's states.
     _family = "transformer_xl"
@@ -723,14 +754,15 @@ class TransformerXLState:
         )
 
 
-@dataclass
-class TransformerXLModelOutput(ModelOutput):
+TransformerXLModelOutput = _model_output_class(
+    "TransformerXLModelOutput",
     """
     Args:
         last_hidden_state (`torch.FloatTensor` of shape `(batch_size, sequence_length, d_model)`):
             Output of the last layer at every input position (zeros at padding positions).
         past_key_values ([`TransformerXLState`], *optional*):
-            Memories to continue from, returned unless `use_cache=False`.
+            Memories to continue from, returned unless `use_cache=False`; the field is named `cache` from
+            transformers 5.24 on (`past_key_values` still reads it there).
         hidden_states (`tuple(torch.FloatTensor)`, *optional*):
             The input of every layer and the last layer's output, `(batch_size, sequence_length, d_model)` each
             (zeros at padding positions).
@@ -738,16 +770,18 @@ class TransformerXLModelOutput(ModelOutput):
             Every layer's attention weights, `(batch_size, n_head, sequence_length, mem_len + segment_length)`
             each, indexed by distance: column `d` is the weight on the token `d` positions before the query (0: the
             query itself), whether it sits in the memory or in the segment. Rows of padding positions are zero.
-    """
+    """,
+    {
+        "last_hidden_state": torch.FloatTensor | None,
+        "past_key_values": TransformerXLState | None,
+        "hidden_states": tuple[torch.FloatTensor, ...] | None,
+        "attentions": tuple[torch.FloatTensor, ...] | None,
+    },
+)
 
-    last_hidden_state: torch.FloatTensor | None = None
-    past_key_values: TransformerXLState | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
 
-
-@dataclass
-class TransformerXLCausalLMOutput(ModelOutput):
+TransformerXLCausalLMOutput = _model_output_class(
+    "TransformerXLCausalLMOutput",
     """
     Args:
         loss (`torch.FloatTensor` of shape `()`, *optional*):
@@ -755,7 +789,8 @@ class TransformerXLCausalLMOutput(ModelOutput):
         logits (`torch.FloatTensor` of shape `(batch_size, sequence_length, vocab_size)`, *optional*):
             Next-token scores. Omitted when `labels` is given, unless `return_logits=True`.
         past_key_values ([`TransformerXLState`], *optional*):
-            Memories to continue from, returned unless `use_cache=False`.
+            Memories to continue from, returned unless `use_cache=False`; the field is named `cache` from
+            transformers 5.24 on (`past_key_values` still reads it there).
         hidden_states (`tuple(torch.FloatTensor)`, *optional*):
             The input of every layer and the last layer's output, `(batch_size, sequence_length, d_model)` each
             (zeros at padding positions).
@@ -763,13 +798,15 @@ class TransformerXLCausalLMOutput(ModelOutput):
             Every layer's attention weights, `(batch_size, n_head, sequence_length, mem_len + segment_length)`
             each, indexed by distance: column `d` is the weight on the token `d` positions before the query (0: the
             query itself), whether it sits in the memory or in the segment. Rows of padding positions are zero.
-    """
-
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    past_key_values: TransformerXLState | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
+    """,
+    {
+        "loss": torch.FloatTensor | None,
+        "logits": torch.FloatTensor | None,
+        "past_key_values": TransformerXLState | None,
+        "hidden_states": tuple[torch.FloatTensor, ...] | None,
+        "attentions": tuple[torch.FloatTensor, ...] | None,
+    },
+)
 
 
 class TransformerXLPreTrainedModel(PreTrainedModel):
@@ -1064,6 +1101,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
+        cache: TransformerXLState | None = None,
         **kwargs,
     ) -> TransformerXLModelOutput:
         r"""
@@ -1074,8 +1112,9 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
                 1 for real tokens, 0 for padding (anywhere). A row reads only its real tokens, so padding never
                 changes real tokens' outputs. May also cover the past tokens, as `generate()` passes it; then its
                 last `sequence_length` columns are used.
-            past_key_values ([`TransformerXLState`], *optional*):
-                Memories returned by a previous call. Continuing is exact when the earlier calls' lengths are
+            past_key_values or cache ([`TransformerXLState`], *optional*):
+                Memories returned by a previous call (either name on any supported transformers: `cache` is its name
+                from transformers 5.24 on). Continuing is exact when the earlier calls' lengths are
                 multiples of `segment_length` (the one-shot forward would have cut the segments there too).
             inputs_embeds (`torch.FloatTensor` of shape `(batch_size, sequence_length, d_model)`, *optional*):
                 Token embeddings (before the `sqrt(d_model)` scaling) instead of `input_ids`.
@@ -1096,7 +1135,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
                 [`TransformerXLModelOutput`]).
         """
         inputs_embeds, real, document_starts, state = self._prepare(
-            input_ids, attention_mask, past_key_values, inputs_embeds, kwargs
+            input_ids, attention_mask, _given_state(past_key_values, cache), inputs_embeds, kwargs
         )
         output_hidden_states, output_attentions = self._output_flags(output_hidden_states, output_attentions)
         segments = self._forward_segments(
@@ -1109,7 +1148,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         )
         output = TransformerXLModelOutput(
             last_hidden_state=segments.hidden,
-            past_key_values=state if use_cache is not False else None,
+            **{STATE_NAME: state if use_cache is not False else None},
             hidden_states=segments.hidden_states,
             attentions=segments.attentions,
         )
@@ -1230,11 +1269,12 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
         return_logits: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         return_dict: bool | None = None,
+        cache: TransformerXLState | None = None,
         **kwargs,
     ) -> TransformerXLCausalLMOutput:
         r"""
         Args:
-            input_ids, attention_mask, past_key_values, inputs_embeds, position_ids, use_cache, output_hidden_states, output_attentions:
+            input_ids, attention_mask, past_key_values, cache, inputs_embeds, position_ids, use_cache, output_hidden_states, output_attentions:
                 As in [`TransformerXLModel.forward`].
             labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
                 Targets, usually `input_ids`; shifted inside the model (`-100` and padding positions are ignored).
@@ -1259,7 +1299,7 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
                 f"logits_to_keep={logits_to_keep} cannot be combined with labels: the loss needs every position"
             )
         inputs_embeds, real, document_starts, state = self.transformer._prepare(
-            input_ids, attention_mask, past_key_values, inputs_embeds, kwargs
+            input_ids, attention_mask, _given_state(past_key_values, cache), inputs_embeds, kwargs
         )
         output_hidden_states, output_attentions = self.transformer._output_flags(
             output_hidden_states, output_attentions
@@ -1291,7 +1331,7 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
         output = TransformerXLCausalLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=state if use_cache is not False else None,
+            **{STATE_NAME: state if use_cache is not False else None},
             hidden_states=segments.hidden_states,
             attentions=segments.attentions,
         )
