@@ -151,6 +151,9 @@ class RecurrentDecoderConfig(PreTrainedConfig):
     ```"""
 
     model_type = "recurrent_decoder"
+    # Trainer leaves these output keys out of the predictions it gathers: the state is not a tensor to concatenate
+    # across batches (`cache` is its name from transformers 5.24 on).
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]
     sub_configs_defaults = {"text_config": SubConfigSpec(config_class=AutoConfig, model_type="llama")}
     # The config fields the recurrence adds to its backbone; from_pretrained(..., field=value) applies them before
     # validation, and tools read the list from here.

@@ -15,7 +15,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 
 import torch
@@ -36,11 +36,22 @@ from .configuration_recurrent_decoder import PRE_ATTENTION_NORMS, RecurrentDecod
 
 logger = logging.get_logger(__name__)
 
-# The keyword under which the state goes into `forward` and comes out of it (transformers >= 5.24 calls it `cache`).
-STATE_NAME = "past_key_values"
+# transformers 5.24 renamed `past_key_values` to `cache`: the forward argument, the output field and what generate()
+# passes back (its ModelOutput answers the old name through a property). The state travels under the installed
+# version's name, and forward accepts both.
+STATE_NAME = "cache" if isinstance(getattr(ModelOutput, "past_key_values", None), property) else "past_key_values"
 # The attention implementations the recurrence runs on: both accept a per-row mask over extra keys.
 INNER_ATTENTIONS = ("sdpa", "eager")
 RECURRENT_PREFIX = "recurrent_"
+
+
+def _given_state(past_key_values: object | None, cache: object | None) -> object | None:
+    """The state passed under either name."""
+    if past_key_values is not None and cache is not None:
+        raise ValueError(
+            "Pass the state once: as cache or as past_key_values (its name before transformers 5.24), not both"
+        )
+    return past_key_values if cache is None else cache
 
 
 def _right_packing_index(valid: torch.Tensor, width: int) -> torch.Tensor:
@@ -395,7 +406,8 @@ class RecurrentDecoderRecurrence(nn.Module):
 
 
 class RecurrentDecoderState:
-    """Everything the recurrence carries from one call to the next, passed as `past_key_values`.
+    """Everything the recurrence carries from one call to the next, passed as `past_key_values` (`cache` from
+    transformers 5.24 on).
 
     The model reads its input in windows of `window_size` tokens that repeat the last `window_overlap` tokens of the
     previous window; the schedule belongs to the state (the config's by default) and is fixed for its life. Per row:
@@ -417,6 +429,9 @@ class RecurrentDecoderState:
 
     # generate() asks every cache whether it can be compiled.
     is_compileable = False
+    # transformers >= 5.24's generate() slices a prompt by get_seq_length() only for a cache with some layer that is
+    # not linear attention (a linear layer has no length); the state has a length.
+    is_linear = (False,)
     # The model_type this state belongs to: what a saved state's header names, and how copies of this class (the
     # installed one and one loaded as Hub remote code) recognise each other's states.
     _family = "recurrent_decoder"
@@ -777,9 +792,21 @@ class RecurrentDecoderState:
         )
 
 
-@dataclass
-class RecurrentDecoderCausalLMOutput(ModelOutput):
-    """
+# A dataclass's field names are fixed when the class is made, and transformers 5.24's generate() reads
+# `outputs.cache`: the state's field takes the installed version's name.
+RecurrentDecoderCausalLMOutput = make_dataclass(
+    "RecurrentDecoderCausalLMOutput",
+    [
+        ("loss", torch.FloatTensor | None, field(default=None)),
+        ("logits", torch.FloatTensor | None, field(default=None)),
+        (STATE_NAME, RecurrentDecoderState | None, field(default=None)),
+        ("hidden_states", tuple[torch.FloatTensor, ...] | None, field(default=None)),
+        ("attentions", tuple[torch.FloatTensor, ...] | None, field(default=None)),
+    ],
+    bases=(ModelOutput,),
+    namespace={
+        "__module__": __name__,
+        "__doc__": """
     Args:
         loss (`torch.FloatTensor` of shape `()`, *optional*):
             Causal language-modelling loss over the whole input (each token predicted once), when `labels` is given.
@@ -787,7 +814,8 @@ class RecurrentDecoderCausalLMOutput(ModelOutput):
             Next-token scores from the backbone's own head. Omitted when `labels` is given, unless
             `return_logits=True`.
         past_key_values ([`RecurrentDecoderState`], *optional*):
-            State to continue from, returned when `use_cache=True`.
+            State to continue from, returned when `use_cache=True`; the field is named `cache` from transformers 5.24
+            on (`past_key_values` still reads it there).
         hidden_states (`tuple(torch.FloatTensor)`, *optional*):
             Embedding output and every layer's output (the last after the final norm), `(batch_size,
             sequence_length, hidden_size)` each.
@@ -795,13 +823,9 @@ class RecurrentDecoderCausalLMOutput(ModelOutput):
             Every layer's attention weights, `(batch_size, num_heads, sequence_length, 1 + window_size)` each:
             column 0 is `h_prev` (zero outside the insertion layer and in a row's first window), column `1 + j` is
             position `j` of the query's own window. Rows of padding positions are zero.
-    """
-
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    past_key_values: RecurrentDecoderState | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
+    """,
+    },
+)
 
 
 @dataclass
@@ -1365,6 +1389,7 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
         return_logits: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         return_dict: bool | None = None,
+        cache: RecurrentDecoderState | None = None,
         **kwargs,
     ) -> RecurrentDecoderCausalLMOutput:
         r"""
@@ -1374,9 +1399,10 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
             attention_mask (`torch.Tensor` of shape `(batch_size, sequence_length)`, *optional*):
                 1 for real tokens, 0 for padding (anywhere; padding never changes real tokens' outputs). May also
                 cover the past tokens, as `generate()` passes it; then its last `sequence_length` columns are used.
-            past_key_values ([`RecurrentDecoderState`], *optional*):
+            past_key_values or cache ([`RecurrentDecoderState`], *optional*):
                 State returned by a previous call, or a fresh one with another window schedule (`new_state`); the
-                input continues that text exactly.
+                input continues that text exactly. Either name on any supported transformers (`cache` is its name
+                from transformers 5.24 on).
             inputs_embeds (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`, *optional*):
                 Token embeddings instead of `input_ids` (before any scaling the backbone applies to them).
             labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
@@ -1423,7 +1449,7 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
 
         loss_per_window = shift_labels is not None and not keep_logits
         embeds, real, document_starts, state = self._prepare(
-            input_ids, attention_mask, past_key_values, inputs_embeds, kwargs
+            input_ids, attention_mask, _given_state(past_key_values, cache), inputs_embeds, kwargs
         )
         kept = None
         if keep_logits or loss_per_window:
