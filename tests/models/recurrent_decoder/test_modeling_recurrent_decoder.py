@@ -4,6 +4,9 @@ recurrence whatever attention implementation transformers is asked for, and the 
 remote code)."""
 
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +31,7 @@ from ...common import (
     TINY_BACKBONE,
     RandomBlocks,
     assert_loads_with_remote_code,
+    run_isolated_python,
     stdlib_tokenizer,
     tiny_training_arguments,
 )
@@ -314,3 +318,38 @@ def test_trust_remote_code_in_a_fresh_interpreter_without_the_package(name, tmp_
     model, _ = BY_NAME[name].models(window_overlap=2)
     inputs = {"input_ids": ids(length=40)}
     assert_loads_with_remote_code(model, inputs, tmp_path, "AutoModelForCausalLM", checks=GENERATES_PAST_THE_TABLE)
+
+
+@pytest.mark.remote_code
+@pytest.mark.skipif(
+    os.environ.get("HF_RECURRENCE_OTHER_PYTHON") is None,
+    reason="HF_RECURRENCE_OTHER_PYTHON names no second environment with the other supported transformers "
+    "(.ci/run makes one)",
+)
+def test_checkpoint_saved_here_loads_and_generates_under_the_other_transformers(tmp_path):
+    other_python = Path(os.environ["HF_RECURRENCE_OTHER_PYTHON"])
+    other_version = subprocess.run(
+        [other_python, "-c", "import transformers; print(transformers.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    model, _ = BY_NAME["gemma3_text"].models(window_overlap=2)
+    inputs = {"input_ids": ids(length=40)}
+    model.save_pretrained(tmp_path / "checkpoint")
+    with torch.no_grad():
+        torch.save({"inputs": inputs, "logits": model(**inputs).logits}, tmp_path / "reference.pt")
+    code = f"""
+import torch
+import transformers
+reference = torch.load({str(tmp_path / "reference.pt")!r})
+model = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path / "checkpoint")!r}, trust_remote_code=True)
+model.eval()
+assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+torch.testing.assert_close(model(**reference["inputs"]).logits, reference["logits"], rtol=1e-6, atol=1e-6)
+{GENERATES_PAST_THE_TABLE}
+print("OTHER_OK", transformers.__version__)
+"""
+    result = run_isolated_python(code, cwd=tmp_path, hf_home=tmp_path / "hf_home", python=other_python)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"OTHER_OK {other_version}" in result.stdout
