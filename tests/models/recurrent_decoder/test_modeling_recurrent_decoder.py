@@ -176,6 +176,10 @@ def test_attn_implementation_never_leaves_a_model_without_the_recurrence(tmp_pat
             RecurrentDecoderForCausalLM.from_pretrained(tmp_path, attn_implementation=implementation, **SETTINGS)
         with pytest.raises(ValueError, match="use one of \\['sdpa', 'eager'\\]"):
             reference.set_attn_implementation(implementation)
+    reference.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="attn_implementation='flash_attention_2' cannot carry the recurrence"):
+        reference(tokens)
+    reference.set_attn_implementation("sdpa")
     # The backbone run on its own under the recurrent name has no window step: an error, not a stock result.
     with pytest.raises(RuntimeError, match="without its window step"):
         reference.backbone(tokens)

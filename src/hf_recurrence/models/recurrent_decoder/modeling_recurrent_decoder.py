@@ -1036,14 +1036,17 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
         if attn_implementation is None:
             return None
         name = attn_implementation.removeprefix(RECURRENT_PREFIX)
+        self._check_inner_attention(name)
+        return super()._check_and_adjust_attn_implementation(name, is_init_check, allow_all_kernels)
+
+    def _check_inner_attention(self, name: str) -> None:
+        """Raise `ValueError` unless the recurrence can run on the attention implementation `name`."""
         if name not in INNER_ATTENTIONS:
             raise ValueError(
-                f"attn_implementation={attn_implementation!r} cannot carry the recurrence of "
-                f"{type(self).__name__} over a {self.config.text_config.model_type!r} backbone: h_prev and the window "
-                "cache need a custom per-row attention mask, which flash, flex and kernel attention do not take; "
-                f"use one of {list(INNER_ATTENTIONS)}"
+                f"attn_implementation={name!r} cannot carry the recurrence of {type(self).__name__} over a "
+                f"{self.config.text_config.model_type!r} backbone: h_prev and the window cache need a custom per-row "
+                f"attention mask, which flash, flex and kernel attention do not take; use one of {list(INNER_ATTENTIONS)}"
             )
-        return super()._check_and_adjust_attn_implementation(name, is_init_check, allow_all_kernels)
 
     def set_attn_implementation(self, attn_implementation: str | dict, allow_all_kernels: bool = False) -> None:
         # transformers would also give the backbone the plain name: a stock model without the recurrence.
@@ -1060,6 +1063,8 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
         wanted = RECURRENT_PREFIX + inner
         backbone_config = self.backbone.config
         if backbone_config._attn_implementation != wanted:
+            # The config setter reaches this model's config unchecked.
+            self._check_inner_attention(inner)
             self.backbone.get_correct_attn_implementation(inner)
             backbone_config._attn_implementation_internal = wanted
 
