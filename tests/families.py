@@ -16,9 +16,13 @@ from hf_recurrence import (
     IBertModel,
     RecurrentDecoderConfig,
     RecurrentDecoderForCausalLM,
+    RecurrentGPT2ForSequenceClassification,
+    RecurrentGPT2ForTokenClassification,
     RecurrentGPT2LMHeadModel,
     RecurrentGPT2Model,
     RecurrentLlamaForCausalLM,
+    RecurrentLlamaForSequenceClassification,
+    RecurrentLlamaForTokenClassification,
     RecurrentLlamaModel,
     TransformerXLLMHeadModel,
     TransformerXLModel,
@@ -39,10 +43,13 @@ from .common import (
 GENERATES_PAST_THE_WINDOW = """
 ids = reference["inputs"]["input_ids"][:, :4]
 generated = model.generate(ids, max_new_tokens=40, min_new_tokens=40, do_sample=False)
+eos = model.generation_config.eos_token_id
 expected = ids
 with torch.no_grad():
     for _ in range(40):
-        expected = torch.cat([expected, model(expected).logits[:, -1:].argmax(-1)], dim=1)
+        scores = model(expected).logits[:, -1]
+        scores[:, [] if eos is None else eos] = -float("inf")  # min_new_tokens forbids the end of sequence
+        expected = torch.cat([expected, scores.argmax(-1, keepdim=True)], dim=1)
 assert torch.equal(generated, expected), (generated, expected)
 """
 
@@ -110,6 +117,7 @@ FAMILIES = [
         base_class=RecurrentGPT2Model,
         head_class=RecurrentGPT2LMHeadModel,
         head_auto_class=AutoModelForCausalLM,
+        other_heads=(RecurrentGPT2ForSequenceClassification, RecurrentGPT2ForTokenClassification),
         saved_settings={"window_overlap": 2, "bptt_windows": 3},
         chunk_splits=(3, 11, 28, 29),
         remote_checks=GENERATES_PAST_THE_WINDOW,
@@ -121,6 +129,7 @@ FAMILIES = [
         base_class=RecurrentLlamaModel,
         head_class=RecurrentLlamaForCausalLM,
         head_auto_class=AutoModelForCausalLM,
+        other_heads=(RecurrentLlamaForSequenceClassification, RecurrentLlamaForTokenClassification),
         saved_settings={
             "window_overlap": 2,
             "bptt_windows": 3,

@@ -2,6 +2,7 @@
 on a tiny Llama (the real SmolLM2 run is recorded in docs/benchmarks.md)."""
 
 import json
+import math
 import shutil
 import sys
 
@@ -10,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from hf_recurrence import book_reproduction
 from hf_recurrence.book_reproduction import BookReproductionSettings
 from hf_recurrence.cli import main
 from hf_recurrence.commands.reproduce import BOOK_PRESETS
@@ -57,17 +59,20 @@ def test_three_arms_end_to_end(books_available, tiny_llama_folder, tmp_path, cap
     arms = [(row["model"], row["overlap"]) for row in results["rows"]]
     # T = 8: overlaps 0, T/8 = 1, T/4 = 2, T/2 = 4 for the baseline; the trained arms at 0.
     assert arms == [("baseline", 0), ("baseline", 1), ("baseline", 2), ("baseline", 4), ("recurrent", 0),
-                    ("control", 0)]  # fmt: skip
+                    ("shuffled", 0), ("control", 0)]  # fmt: skip
     assert all(row["num_tokens"] == 2 * 59 for row in results["rows"])
     assert all(row["flops_per_token"] > 0 for row in results["rows"])
-    assert [row["tokens"] for row in results["rows"][4:]] == [3 * 2 * 2 * 8] * 2
+    assert [row["tokens"] for row in results["rows"][4:]] == [3 * 2 * 2 * 8] * 3
     assert set(results["comparisons"]) == {
-        "recurrent vs baseline@0", "recurrent vs control", "control vs baseline@0", "recurrent vs baseline@T/8"
+        "recurrent vs baseline@0", "recurrent vs control", "control vs baseline@0", "recurrent vs baseline@T/8",
+        "shuffled vs recurrent",
     }  # fmt: skip
+    assert math.isfinite(results["carried_gain_lost_when_shuffled"])
+    assert results["settings"]["backbone"] == "frozen"
     versus_control = results["comparisons"]["recurrent vs control"]
     assert versus_control["low"] <= versus_control["relative_difference"] <= versus_control["high"]
     assert versus_control["num_segments"] == 2 * 8  # two books of 59 predicted tokens in pieces of 8
-    assert set(results["nll_by_window_position"]) == {"baseline@0", "recurrent@0", "control@0"}
+    assert set(results["nll_by_window_position"]) == {"baseline@0", "recurrent@0", "shuffled@0", "control@0"}
     assert all(len(values) == 8 for values in results["nll_by_window_position"].values())
     assert [r["title"] for r in results["held_out"]] == ["Northanger Abbey", "Persuasion"]
 
@@ -76,7 +81,7 @@ def test_three_arms_end_to_end(books_available, tiny_llama_folder, tmp_path, cap
     assert (out / "perplexity_vs_flops.png").stat().st_size > 0
     assert (out / "nll_by_window_position.png").stat().st_size > 0
     report = (out / "results.md").read_text()
-    for goal in ("goal 1", "goal 2", "goal 3"):
+    for goal in ("goal carried context", "goal paper claim 2", "goal specificity"):
         assert goal in report
 
     # The control's recurrence reads zeros: its layer weights get no gradient and keep their initial value, while the
@@ -96,6 +101,10 @@ def test_three_arms_end_to_end(books_available, tiny_llama_folder, tmp_path, cap
         (["--overlap_fractions", "0", "1.0"], "overlap_fractions=[1.0]"),
         (["--eval_tokens_per_book", "8"], "eval_tokens_per_book=8"),
         (["--eval_split", "dev"], "eval_split='dev'"),
+        (["--backbone", "half"], "backbone='half'"),
+        (["--lora_target_modules", "c_attn"], "lora_target_modules must name some of"),
+        (["--lora_rank", "0"], "lora_rank=0"),
+        (["--backbone_learning_rate", "0"], "backbone_learning_rate=0"),
     ],
 )
 def test_bad_options_are_refused_before_any_work(options, message, tmp_path, capsys):
@@ -147,3 +156,112 @@ def test_every_book_preset_is_valid_and_reads_the_papers_overlaps(preset):
     settings = BookReproductionSettings(**BOOK_PRESETS[preset])
     assert list(settings.overlap_fractions) == [0.0, 0.125, 0.25, 0.5]
     assert settings.eval_split == "test"
+
+
+# --- The backbone setting and the decomposition, on a tiny Llama without the books ---
+
+
+def _tiny_llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).eval()
+
+
+def _settings(**overrides) -> BookReproductionSettings:
+    tiny = {"window_size": 8, "insertion_layer": 1, "windows_per_block": 2, "batch_size": 2, "max_steps": 3}
+    rates = {"warmup_steps": 0, "learning_rate": 0.05, "backbone_learning_rate": 0.05}
+    return BookReproductionSettings(**{**tiny, **rates, **overrides})
+
+
+STREAM = torch.randint(1, 99, (400,), generator=torch.Generator().manual_seed(3)).tolist()
+
+
+def _changed(before: dict, after: dict) -> set[str]:
+    return {key for key, value in after.items() if key not in before or not torch.equal(before[key], value)}
+
+
+def test_lora_arm_changes_only_lora_merged_layers_and_the_recurrence():
+    llama = _tiny_llama()
+    before = {key: value.clone() for key, value in llama.state_dict().items()}
+    model, loss, _ = book_reproduction.train_arm(
+        llama, "window", STREAM, _settings(backbone="lora", lora_target_modules=["q_proj", "down_proj"])
+    )
+    assert loss is not None and type(model).__name__ == "RecurrentLlamaForCausalLM"  # PEFT's wrapper merged away
+    changed = _changed(before, model.state_dict())
+    recurrence = {key for key in changed if ".recurrence." in key}
+    backbone = changed - recurrence
+    # Adapters on layers 1 and 2 (from the insertion layer up), on the two named projections only.
+    assert backbone == {f"model.layers.{i}.{m}.weight" for i in (1, 2) for m in ("self_attn.q_proj", "mlp.down_proj")}
+    assert recurrence
+    assert all(torch.equal(value, before[key]) for key, value in llama.state_dict().items())  # the source untouched
+
+
+def test_baseline_trains_the_same_backbone_parameters_as_the_recurrent_arms():
+    settings = _settings(backbone="lora", lora_first_layer=0)
+    llama = _tiny_llama()
+    before = {key: value.clone() for key, value in llama.state_dict().items()}
+    baseline, baseline_loss, _ = book_reproduction.train_arm(llama, None, STREAM, settings)
+    recurrent, _, _ = book_reproduction.train_arm(llama, "window", STREAM, settings)
+    assert baseline_loss is not None and type(baseline) is LlamaForCausalLM
+    recurrent_backbone = {key for key in _changed(before, recurrent.state_dict()) if ".recurrence." not in key}
+    assert _changed(before, baseline.state_dict()) == recurrent_backbone
+    # Frozen: the baseline trains nothing and stays the stock model.
+    frozen, frozen_loss, _ = book_reproduction.train_arm(llama, None, STREAM, _settings())
+    assert frozen_loss is None and not _changed(before, frozen.state_dict())
+
+
+def test_baseline_arm_reads_exactly_the_blocks_the_recurrent_arm_reads(monkeypatch):
+    seen: dict[str, list[torch.Tensor]] = {}
+    real_fine_tune = book_reproduction.fine_tune
+
+    def recording_fine_tune(model, dataset, settings, collator=None, **kwargs):
+        reads = seen.setdefault("baseline" if collator is not None else "recurrent", [])
+        model.register_forward_pre_hook(
+            lambda module, args, kwargs: reads.append(kwargs["input_ids"].reshape(-1, 16).clone()), with_kwargs=True
+        )
+        return real_fine_tune(model, dataset, settings, collator=collator, **kwargs)
+
+    monkeypatch.setattr(book_reproduction, "fine_tune", recording_fine_tune)
+    settings = _settings(backbone="full")
+    book_reproduction.train_arm(_tiny_llama(), None, STREAM, settings)
+    book_reproduction.train_arm(_tiny_llama(), "window", STREAM, settings)
+    assert len(seen["baseline"]) == len(seen["recurrent"]) == 3
+    for baseline_step, recurrent_step in zip(seen["baseline"], seen["recurrent"], strict=True):
+        assert torch.equal(baseline_step, recurrent_step)  # (batch, 2 windows x 8): the same tokens in order
+
+
+def test_parameter_groups_give_the_recurrence_and_the_backbone_their_own_learning_rates():
+    model = book_reproduction.recurrent_llama_from_llama(_tiny_llama(), window_size=8, insertion_layer=1)
+    _, groups = book_reproduction.adapt_backbone(model, _settings(backbone="full", backbone_learning_rate=1e-5))
+    names = {id(p): n for n, p in model.named_parameters()}
+    recurrence, backbone = groups
+    assert recurrence["lr"] == 0.05 and all(".recurrence." in names[id(p)] for p in recurrence["params"])
+    assert backbone["lr"] == 1e-5 and len(backbone["params"]) + len(recurrence["params"]) == len(names)
+
+
+def test_shuffled_h_prev_reads_each_row_with_another_rows_summary():
+    model = book_reproduction.recurrent_llama_from_llama(_tiny_llama(), window_size=8, insertion_layer=1)
+    with torch.no_grad():
+        for parameter in model.model.recurrence.parameters():  # an untrained FFN starts near zero: make it matter
+            parameter.normal_()
+    ids = torch.randint(1, 99, (2, 24), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        plain = model(ids).logits
+        with book_reproduction.h_prev_from_another_row(model):
+            shuffled = model(ids).logits
+        after = model(ids).logits
+    torch.testing.assert_close(shuffled[:, :8], plain[:, :8], rtol=0, atol=0)  # the first window has no h_prev
+    assert not torch.allclose(shuffled[:, 8:], plain[:, 8:])
+    torch.testing.assert_close(after, plain, rtol=0, atol=0)  # the hook is gone
+    # Each row's second window, read with the other row's first-window summary, equals reading it after that row.
+    swapped = ids.flip(0)
+    with torch.no_grad():
+        state = model.new_state(2)
+        model(swapped[:, :8], past_key_values=state)
+        second = model(ids[:, 8:16], past_key_values=state).logits
+    torch.testing.assert_close(shuffled[:, 8:16], second, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_training_runs_on_cpu_and_leaves_float32_weights():
+    model, loss, _ = book_reproduction.train_arm(_tiny_llama(), "window", STREAM, _settings(bf16=True))
+    assert math.isfinite(loss)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}

@@ -3,7 +3,7 @@
 
 import pytest
 import torch
-from peft import LoraConfig, PrefixTuningConfig, PromptTuningConfig, TaskType, get_peft_model
+from peft import LoraConfig, PeftModel, PrefixTuningConfig, PromptTuningConfig, TaskType, get_peft_model
 from peft.tuners.lora import LoraLayer
 
 from hf_recurrence.integrations.peft_defaults import register_peft_defaults
@@ -48,3 +48,26 @@ def test_prompt_tuning_runs_and_prefix_tuning_is_refused_with_the_reason(family)
     )
     with pytest.raises(TypeError, match="PEFT prefix tuning .* is not supported; LoRA and prompt tuning are"):
         _loss(prefix_tuned, family)
+
+
+@pytest.mark.parametrize("family", CAUSAL, ids=lambda f: f.name)
+def test_saved_lora_adapter_loads_through_peft_and_through_transformers(family, tmp_path):
+    """Both adapter loaders work on every supported transformers: PEFT's `PeftModel.from_pretrained` and transformers'
+    own `model.load_adapter` (whose newer versions check the PEFT version)."""
+    adapted = get_peft_model(family.head(), LoraConfig(r=4))
+    with torch.no_grad():
+        for name, parameter in adapted.named_parameters():
+            if "lora_B" in name:  # zero at initialisation: make the adapter change the logits
+                parameter.normal_()
+    ids = family.inputs()["input_ids"]
+    with torch.no_grad():
+        expected = adapted(ids).logits
+        assert not torch.allclose(expected, family.head()(ids).logits)
+    adapted.save_pretrained(tmp_path)
+
+    through_peft = PeftModel.from_pretrained(family.head(), tmp_path)
+    through_transformers = family.head()
+    through_transformers.load_adapter(str(tmp_path))
+    with torch.no_grad():
+        torch.testing.assert_close(through_peft(ids).logits, expected, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(through_transformers(ids).logits, expected, rtol=1e-6, atol=1e-6)

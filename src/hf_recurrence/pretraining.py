@@ -36,10 +36,21 @@ def default_model_path() -> Path:
 
 
 def short_run_arguments(
-    output_dir: str, *, max_steps: int, batch_size: int, learning_rate: float, warmup_steps: int, seed: int
+    output_dir: str,
+    *,
+    max_steps: int,
+    batch_size: int,
+    learning_rate: float,
+    warmup_steps: int,
+    seed: int,
+    bf16: bool = False,
 ) -> TrainingArguments:
-    """Trainer arguments of the project's own short CPU runs: AdamW, warm-up then cosine decay, no checkpoints."""
+    """Trainer arguments of the project's own short CPU runs: AdamW, warm-up then cosine decay, no checkpoints;
+    `bf16`: bfloat16 autocast (on CPU too: these CPUs compute it natively), weights and optimizer kept in float32."""
     return TrainingArguments(
+        bf16=bf16,
+        # transformers refuses bf16 without a GPU unless told the run is on the CPU.
+        use_cpu=not torch.cuda.is_available(),
         output_dir=output_dir,
         max_steps=max_steps,
         per_device_train_batch_size=batch_size,

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import torch
 from transformers import (
     AutoConfig,
     AutoTokenizer,
@@ -130,9 +131,23 @@ class TrainingSchedule(Protocol):
     seed: int
 
 
-def fine_tune(model: PreTrainedModel, dataset, settings: TrainingSchedule, collator=None) -> float:
-    """Fine-tune the trainable parameters of `model` with the stock Trainer; returns the final training loss."""
+def fine_tune(
+    model: PreTrainedModel,
+    dataset,
+    settings: TrainingSchedule,
+    collator=None,
+    parameter_groups: list[dict] | None = None,
+    bf16: bool = False,
+) -> float:
+    """Fine-tune the trainable parameters of `model` with the stock Trainer; returns the final training loss.
+
+    `parameter_groups`: AdamW parameter groups with their own `lr` (the schedule scales each), instead of every
+    trainable parameter at `settings.learning_rate`.
+    """
     set_seed(settings.seed)
+    optimizer = None
+    if parameter_groups is not None:
+        optimizer = torch.optim.AdamW(parameter_groups, lr=settings.learning_rate, weight_decay=0.01)
     with tempfile.TemporaryDirectory(prefix="hf_recurrence_reproduce_") as scratch:
         trainer = Trainer(
             model=model,
@@ -143,9 +158,11 @@ def fine_tune(model: PreTrainedModel, dataset, settings: TrainingSchedule, colla
                 learning_rate=settings.learning_rate,
                 warmup_steps=settings.warmup_steps,
                 seed=settings.seed,
+                bf16=bf16,
             ),
             train_dataset=dataset,
             data_collator=collator,
+            optimizers=(optimizer, None),
         )
         return trainer.train().training_loss
 

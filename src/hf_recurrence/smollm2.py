@@ -8,7 +8,7 @@ import importlib.metadata
 from pathlib import Path
 
 import torch
-from transformers import LlamaForCausalLM
+from transformers import LlamaForCausalLM, PreTrainedModel
 
 from .models import RecurrentLlamaConfig, RecurrentLlamaForCausalLM
 
@@ -43,8 +43,9 @@ def require_gguf_reader() -> None:
         ) from None
 
 
-def load_llama_from_gguf(gguf_path: str | Path) -> LlamaForCausalLM:
-    """A `LlamaForCausalLM` with float32 weights de-quantised from a GGUF file (SmolLM2's or any Llama's).
+def load_causal_lm_from_gguf(gguf_path: str | Path, model_class: type = LlamaForCausalLM) -> PreTrainedModel:
+    """A stock causal LM (`model_class`, e.g. `LlamaForCausalLM` or `AutoModelForCausalLM`) with float32 weights
+    de-quantised from a GGUF file.
 
     The GGUF quantiser transformers attaches is dropped, so the model saves and fine-tunes like any other.
     """
@@ -53,11 +54,16 @@ def load_llama_from_gguf(gguf_path: str | Path) -> LlamaForCausalLM:
     if not gguf_path.is_file():
         raise FileNotFoundError(f"No GGUF file at {gguf_path}")
     # float32 gives plain de-quantised nn.Linear weights; another dtype keeps them packed.
-    model = LlamaForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    model = model_class.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     return model
+
+
+def load_llama_from_gguf(gguf_path: str | Path) -> LlamaForCausalLM:
+    """A `LlamaForCausalLM` with float32 weights de-quantised from a GGUF file (SmolLM2's or any Llama's)."""
+    return load_causal_lm_from_gguf(gguf_path, LlamaForCausalLM)
 
 
 def recurrent_llama_from_gguf(gguf_path: str | Path, **recurrence_settings) -> RecurrentLlamaForCausalLM:

@@ -11,6 +11,8 @@ from .inductive_bert import (
 from .recurrent_decoder import RecurrentDecoderConfig, RecurrentDecoderForCausalLM, RecurrentDecoderState
 from .recurrent_gpt2 import (
     RecurrentGPT2Config,
+    RecurrentGPT2ForSequenceClassification,
+    RecurrentGPT2ForTokenClassification,
     RecurrentGPT2LMHeadModel,
     RecurrentGPT2Model,
     RecurrentGPT2PreTrainedModel,
@@ -19,6 +21,8 @@ from .recurrent_gpt2 import (
 from .recurrent_llama import (
     RecurrentLlamaConfig,
     RecurrentLlamaForCausalLM,
+    RecurrentLlamaForSequenceClassification,
+    RecurrentLlamaForTokenClassification,
     RecurrentLlamaModel,
     RecurrentLlamaPreTrainedModel,
     RecurrentLlamaState,

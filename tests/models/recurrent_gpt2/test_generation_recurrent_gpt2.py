@@ -6,7 +6,13 @@ from transformers import GPT2Config, GPT2LMHeadModel, TextStreamer, pipeline
 
 from hf_recurrence import RecurrentGPT2LMHeadModel
 
-from ...common import TINY_GPT2, assert_cache_implementation_is_refused, stdlib_tokenizer, tiny_recurrent_config
+from ...common import (
+    TINY_GPT2,
+    assert_cache_implementation_is_refused,
+    greedy_text,
+    stdlib_tokenizer,
+    tiny_recurrent_config,
+)
 
 
 def make_model(**overrides) -> RecurrentGPT2LMHeadModel:
@@ -102,6 +108,7 @@ def test_text_generation_pipeline_batches_like_single_prompts():
     alone = [generator(p, **kwargs)[0]["generated_text"] for p in prompts]
     batched = [out[0]["generated_text"] for out in generator(prompts, batch_size=2, **kwargs)]
     assert batched == alone
+    assert alone == [greedy_text(model, tokenizer, p, 40) for p in prompts]
     # Far past the 16-entry position table.
     assert len(tokenizer(alone[0]).input_ids) >= 30
 

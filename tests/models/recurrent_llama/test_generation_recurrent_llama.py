@@ -6,7 +6,7 @@ from transformers import pipeline
 
 from hf_recurrence import RecurrentLlamaForCausalLM
 
-from ...common import stdlib_tokenizer, tiny_recurrent_llama_config
+from ...common import greedy_text, stdlib_tokenizer, tiny_recurrent_llama_config
 
 
 def make_model(**overrides) -> RecurrentLlamaForCausalLM:
@@ -60,6 +60,7 @@ def test_text_generation_pipeline_batches_like_single_prompts():
     alone = [generator(p, **kwargs)[0]["generated_text"] for p in prompts]
     batched = [out[0]["generated_text"] for out in generator(prompts, batch_size=2, **kwargs)]
     assert batched == alone
+    assert alone == [greedy_text(model, tokenizer, p, 40) for p in prompts]
     assert len(tokenizer(alone[0]).input_ids) >= 30  # far past the 16 RoPE positions
 
 

@@ -6,7 +6,7 @@ from transformers import pipeline
 
 from hf_recurrence import TransformerXLLMHeadModel
 
-from ...common import assert_cache_implementation_is_refused, stdlib_tokenizer, tiny_transformer_xl_config
+from ...common import assert_cache_implementation_is_refused, greedy_text, stdlib_tokenizer, tiny_transformer_xl_config
 
 
 def make_model(**overrides) -> TransformerXLLMHeadModel:
@@ -74,6 +74,7 @@ def test_text_generation_pipeline_generates_past_segment_and_memory():
     alone = [generator(p, **kwargs)[0]["generated_text"] for p in prompts]
     batched = [out[0]["generated_text"] for out in generator(prompts, batch_size=2, **kwargs)]
     assert batched == alone
+    assert alone == [greedy_text(model, tokenizer, p, 40) for p in prompts]
     assert len(tokenizer(alone[0]).input_ids) > model.config.segment_length + model.config.mem_len
 
 

@@ -16,6 +16,8 @@ AUTO_MAP = {
     "AutoConfig": "configuration_recurrent_gpt2.RecurrentGPT2Config",
     "AutoModel": "modeling_recurrent_gpt2.RecurrentGPT2Model",
     "AutoModelForCausalLM": "modeling_recurrent_gpt2.RecurrentGPT2LMHeadModel",
+    "AutoModelForSequenceClassification": "modeling_recurrent_gpt2.RecurrentGPT2ForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_recurrent_gpt2.RecurrentGPT2ForTokenClassification",
 }
 
 

@@ -18,7 +18,11 @@ from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_layers import (
+    GenericForSequenceClassification,
+    GenericForTokenClassification,
+    GradientCheckpointingLayer,
+)
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.pytorch_utils import Conv1D
 from transformers.utils import ModelOutput, logging
@@ -1487,7 +1491,52 @@ class RecurrentGPT2LMHeadModel(RecurrentGPT2PreTrainedModel, GenerationMixin):
         return output if return_dict is not False else output.to_tuple()
 
 
+class RecurrentGPT2ForSequenceClassification(GenericForSequenceClassification, RecurrentGPT2PreTrainedModel):
+    """Recurrent GPT-2 with a linear classifier on the last non-padding token of the document (transformers' generic
+    sequence-classification head, as stock GPT-2's), so a document of any length is classified after reading all of
+    it window by window. `score` matches stock `GPT2ForSequenceClassification`, whose checkpoints load unchanged.
+
+    A long document may also be read in pieces: pass each call's state (`past_key_values`, `cache` from transformers
+    5.24 on) to the next and take the logits of the last call. As with stock GPT-2, a batch of more than one row needs
+    `config.pad_token_id` (padding is found by it, on either side).
+    """
+
+    base_model_prefix = "transformer"
+
+    def __init__(self, config: RecurrentGPT2Config):
+        # The generic head builds its backbone with AutoModel, which remote code cannot resolve: build ours here.
+        RecurrentGPT2PreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.transformer = RecurrentGPT2Model(config)
+        self.score = nn.Linear(config.n_embd, config.num_labels, bias=False)
+        self.post_init()
+
+
+class RecurrentGPT2ForTokenClassification(GenericForTokenClassification, RecurrentGPT2PreTrainedModel):
+    """Recurrent GPT-2 with a linear classifier on every token's final hidden state (transformers' generic
+    token-classification head), for inputs of any length. Named `classifier` as in stock `GPT2ForTokenClassification`,
+    whose checkpoints load unchanged."""
+
+    base_model_prefix = "transformer"
+
+    def __init__(self, config: RecurrentGPT2Config):
+        RecurrentGPT2PreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.transformer = RecurrentGPT2Model(config)
+        dropout = getattr(config, "classifier_dropout", None)
+        self.dropout = nn.Dropout(0.1 if dropout is None else dropout)
+        self.classifier = nn.Linear(config.n_embd, config.num_labels)
+        self.post_init()
+
+    @property
+    def score(self) -> nn.Linear:
+        # The generic forward calls the classifier `score`.
+        return self.classifier
+
+
 __all__ = [
+    "RecurrentGPT2ForSequenceClassification",
+    "RecurrentGPT2ForTokenClassification",
     "RecurrentGPT2LMHeadModel",
     "RecurrentGPT2Model",
     "RecurrentGPT2PreTrainedModel",

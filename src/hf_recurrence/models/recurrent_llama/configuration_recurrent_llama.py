@@ -16,6 +16,8 @@ AUTO_MAP = {
     "AutoConfig": "configuration_recurrent_llama.RecurrentLlamaConfig",
     "AutoModel": "modeling_recurrent_llama.RecurrentLlamaModel",
     "AutoModelForCausalLM": "modeling_recurrent_llama.RecurrentLlamaForCausalLM",
+    "AutoModelForSequenceClassification": "modeling_recurrent_llama.RecurrentLlamaForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_recurrent_llama.RecurrentLlamaForTokenClassification",
 }
 
 # What the recurrence reads: the window's summary (the paper), or zeros (the control: a learned constant h_prev).

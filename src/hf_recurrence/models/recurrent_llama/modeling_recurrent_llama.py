@@ -18,7 +18,11 @@ from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_layers import (
+    GenericForSequenceClassification,
+    GenericForTokenClassification,
+    GradientCheckpointingLayer,
+)
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import (
     LlamaAttention,
@@ -1529,8 +1533,47 @@ class RecurrentLlamaForCausalLM(RecurrentLlamaPreTrainedModel, GenerationMixin):
         return output if return_dict is not False else output.to_tuple()
 
 
+class RecurrentLlamaForSequenceClassification(GenericForSequenceClassification, RecurrentLlamaPreTrainedModel):
+    """Recurrent Llama with a linear classifier on the last non-padding token of the document (transformers' generic
+    sequence-classification head, as stock Llama's), so a document of any length is classified after reading all of
+    it window by window. `score` matches stock `LlamaForSequenceClassification`, whose checkpoints load unchanged.
+
+    A long document may also be read in pieces: pass each call's state (`past_key_values`, `cache` from transformers
+    5.24 on) to the next and take the logits of the last call. As with stock Llama, a batch of more than one row needs
+    `config.pad_token_id` (padding is found by it, on either side).
+    """
+
+    base_model_prefix = "model"
+
+    def __init__(self, config: RecurrentLlamaConfig):
+        # The generic head builds its backbone with AutoModel, which remote code cannot resolve: build ours here.
+        RecurrentLlamaPreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = RecurrentLlamaModel(config)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+
+class RecurrentLlamaForTokenClassification(GenericForTokenClassification, RecurrentLlamaPreTrainedModel):
+    """Recurrent Llama with a linear classifier on every token's final hidden state (transformers' generic
+    token-classification head, as stock Llama's, whose checkpoints load unchanged), for inputs of any length."""
+
+    base_model_prefix = "model"
+
+    def __init__(self, config: RecurrentLlamaConfig):
+        RecurrentLlamaPreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = RecurrentLlamaModel(config)
+        dropout = getattr(config, "classifier_dropout", None)
+        self.dropout = nn.Dropout(0.1 if dropout is None else dropout)
+        self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+
 __all__ = [
     "RecurrentLlamaForCausalLM",
+    "RecurrentLlamaForSequenceClassification",
+    "RecurrentLlamaForTokenClassification",
     "RecurrentLlamaModel",
     "RecurrentLlamaPreTrainedModel",
     "RecurrentLlamaState",
