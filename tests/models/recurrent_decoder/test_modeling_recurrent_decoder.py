@@ -35,24 +35,10 @@ from ...common import (
     stdlib_tokenizer,
     tiny_training_arguments,
 )
-from ...families import BACKBONES
+from ...families import BACKBONES, GENERATES_PAST_THE_WINDOW
 
 
 BY_NAME = {backbone.name: backbone for backbone in BACKBONES}
-# Run where the model was loaded as remote code: greedy generation past the position table equals an argmax loop
-# (without the end-of-sequence id 0, which min_new_tokens keeps generate() from choosing).
-GENERATES_PAST_THE_TABLE = """
-ids = reference["inputs"]["input_ids"][:, :4]
-generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, min_new_tokens=40,
-                           do_sample=False)
-expected = ids
-with torch.no_grad():
-    for _ in range(40):
-        scores = model(expected).logits[:, -1]
-        scores[:, 0] = -torch.inf
-        expected = torch.cat([expected, scores.argmax(-1, keepdim=True)], dim=1)
-assert torch.equal(generated, expected), (generated, expected)
-"""
 SETTINGS = {"window_size": 8, "insertion_layer": 1, "recurrence_hidden_sizes": [16]}
 GQA = {**TINY_BACKBONE, "intermediate_size": 48, "num_key_value_heads": 2}
 
@@ -321,7 +307,7 @@ def test_a_state_of_another_backbone_is_refused(tmp_path):
 def test_trust_remote_code_in_a_fresh_interpreter_without_the_package(name, tmp_path):
     model, _ = BY_NAME[name].models(window_overlap=2)
     inputs = {"input_ids": ids(length=40)}
-    assert_loads_with_remote_code(model, inputs, tmp_path, "AutoModelForCausalLM", checks=GENERATES_PAST_THE_TABLE)
+    assert_loads_with_remote_code(model, inputs, tmp_path, "AutoModelForCausalLM", checks=GENERATES_PAST_THE_WINDOW)
 
 
 @pytest.mark.remote_code
@@ -351,7 +337,7 @@ model = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path / "check
 model.eval()
 assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
 torch.testing.assert_close(model(**reference["inputs"]).logits, reference["logits"], rtol=1e-6, atol=1e-6)
-{GENERATES_PAST_THE_TABLE}
+{GENERATES_PAST_THE_WINDOW}
 print("OTHER_OK", transformers.__version__)
 """
     result = run_isolated_python(code, cwd=tmp_path, hf_home=tmp_path / "hf_home", python=other_python)
