@@ -1,6 +1,7 @@
 """`hf-recurrence reproduce --preset smollm2`: the baseline / recurrent / control arms on the Austen books, run end to end
 on a tiny Llama (the real SmolLM2 run is recorded in docs/benchmarks.md)."""
 
+import inspect
 import json
 import math
 import shutil
@@ -17,6 +18,7 @@ from hf_recurrence.cli import main
 from hf_recurrence.commands.reproduce import BOOK_PRESETS
 from hf_recurrence.data import books as books_module
 from hf_recurrence.data import books_cache_dir
+from hf_recurrence.evaluation import WindowPrefixed, windowed_perplexity
 from hf_recurrence.outputs import UsageError
 
 from .common import TINY_LLAMA, stdlib_tokenizer
@@ -58,11 +60,16 @@ def test_three_arms_end_to_end(books_available, tiny_llama_folder, tmp_path, cap
     results = json.loads((out / "results.json").read_text())
     arms = [(row["model"], row["overlap"]) for row in results["rows"]]
     # T = 8: overlaps 0, T/8 = 1, T/4 = 2, T/2 = 4 for the baseline; the trained arms at 0.
-    assert arms == [("baseline", 0), ("baseline", 1), ("baseline", 2), ("baseline", 4), ("recurrent", 0),
-                    ("shuffled", 0), ("control", 0)]  # fmt: skip
+    assert arms == [("baseline", 0), ("baseline", 1), ("baseline", 2), ("baseline", 4), ("stock+bos", 0),
+                    ("stock+prompt", 0), ("recurrent", 0), ("shuffled", 0), ("control", 0)]  # fmt: skip
     assert all(row["num_tokens"] == 2 * 59 for row in results["rows"])
     assert all(row["flops_per_token"] > 0 for row in results["rows"])
-    assert [row["tokens"] for row in results["rows"][4:]] == [3 * 2 * 2 * 8] * 3
+    # The reference rows read a prefix before every window: more FLOPs per token than the baseline at overlap 0.
+    references = {row["model"]: row for row in results["rows"][4:6]}
+    assert references["stock+bos"]["prefix_tokens"] == 1 and references["stock+prompt"]["prefix_tokens"] > 10
+    assert results["rows"][0]["flops_per_token"] < references["stock+bos"]["flops_per_token"]
+    assert references["stock+bos"]["flops_per_token"] < references["stock+prompt"]["flops_per_token"]
+    assert [row["tokens"] for row in results["rows"][6:]] == [3 * 2 * 2 * 8] * 3
     assert set(results["comparisons"]) == {
         "recurrent vs baseline@0", "recurrent vs control", "control vs baseline@0", "recurrent vs baseline@T/8",
         "shuffled vs recurrent",
@@ -72,7 +79,9 @@ def test_three_arms_end_to_end(books_available, tiny_llama_folder, tmp_path, cap
     versus_control = results["comparisons"]["recurrent vs control"]
     assert versus_control["low"] <= versus_control["relative_difference"] <= versus_control["high"]
     assert versus_control["num_segments"] == 2 * 8  # two books of 59 predicted tokens in pieces of 8
-    assert set(results["nll_by_window_position"]) == {"baseline@0", "recurrent@0", "shuffled@0", "control@0"}
+    assert set(results["nll_by_window_position"]) == {
+        "baseline@0", "stock+bos@0", "stock+prompt@0", "recurrent@0", "shuffled@0", "control@0"
+    }  # fmt: skip
     assert all(len(values) == 8 for values in results["nll_by_window_position"].values())
     assert [r["title"] for r in results["held_out"]] == ["Northanger Abbey", "Persuasion"]
 
@@ -265,3 +274,62 @@ def test_bf16_training_runs_on_cpu_and_leaves_float32_weights():
     model, loss, _ = book_reproduction.train_arm(_tiny_llama(), "window", STREAM, _settings(bf16=True))
     assert math.isfinite(loss)
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_window_prefix_reads_the_prefix_before_every_window_and_scores_the_window_only():
+    llama = _tiny_llama()
+    prefixed = WindowPrefixed(llama, [5, 6, 7])
+    ids = torch.randint(1, 99, (2, 8), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = llama(torch.cat([torch.tensor([[5, 6, 7]] * 2), ids], dim=1)).logits[:, 3:]
+        torch.testing.assert_close(prefixed(ids).logits, expected, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(prefixed(ids, logits_to_keep=2).logits, expected[:, -2:], rtol=1e-6, atol=1e-6)
+    # As a model for windowed_perplexity: every window of the documents read after the prefix.
+    document = torch.randint(1, 99, (30,), generator=torch.Generator().manual_seed(4))
+    result = windowed_perplexity(prefixed, document, 8, 0, return_token_nll=True, show_progress=False)
+    first_window = llama(torch.cat([torch.tensor([5, 6, 7]), document[:8]])[None]).logits[0, 3:-1]
+    manual = torch.nn.functional.cross_entropy(first_window, document[1:8], reduction="none")
+    torch.testing.assert_close(result.token_nll[0].nll[:7], manual.detach(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="prefix_ids is empty"):
+        WindowPrefixed(llama, [])
+
+
+def test_fact_probe_plants_a_name_in_window_one_and_scores_only_its_tokens_in_window_two():
+    from hf_recurrence.data.fact_probe import PLANT, FactProbe
+
+    tokenizer = stdlib_tokenizer()
+    stream = tokenizer("\n".join(inspect.getsource(m) for m in (json, shutil)))["input_ids"]
+    probe = FactProbe(stream, tokenizer, window_size=32, num_examples=6, seed=1)
+    assert len(probe) == 6 and len(set(probe.names)) == 6
+    ask = tokenizer(PLANT, add_special_tokens=False)["input_ids"]
+    for example, name in zip(probe.examples, probe.names, strict=True):
+        ids, labels = example["input_ids"], example["labels"]
+        assert ids.shape == labels.shape == (64,)
+        name_ids = tokenizer(" " + name, add_special_tokens=False)["input_ids"]
+        scored = labels != -100
+        assert scored.sum() == len(name_ids) and scored[-len(name_ids) :].all()  # only the name, at the end
+        assert ids[-len(name_ids) - len(ask) : -len(name_ids)].tolist() == ask
+        first = ids[:32].tolist()  # the plant, name included, sits in window 1
+        planted = ask + name_ids
+        assert any(first[i : i + len(planted)] == planted for i in range(32 - len(planted) + 1))
+    with pytest.raises(ValueError, match="fewer than num_examples=100000"):
+        FactProbe(stream, tokenizer, window_size=32, num_examples=100000)
+
+
+def test_fact_probe_run_reports_the_stock_reader_the_recurrent_arm_and_the_swap_control():
+    tokenizer = stdlib_tokenizer()
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(
+        LlamaConfig(**{**TINY_LLAMA, "vocab_size": len(tokenizer), "max_position_embeddings": 32})
+    )
+    stream = tokenizer("\n".join(inspect.getsource(m) for m in (json, shutil, inspect)))["input_ids"]
+    half = len(stream) // 2
+    settings = _settings(window_size=32, max_steps=2, batch_size=2)
+    result = book_reproduction.run_fact_probe(
+        llama.eval(), tokenizer, stream[:half], stream[half:], settings, num_held_out=4
+    )
+    assert result["train_examples"] == 4 and result["held_out_examples"] == 4
+    for reader in ("stock", "recurrent", "swapped"):
+        assert math.isfinite(result[reader]["name_nll"]) and 0 <= result[reader]["recalled"] <= 1
+    # The swap control reads other examples' summaries: its scores differ from the recurrent arm's own.
+    assert result["swapped"]["name_nll"] != result["recurrent"]["name_nll"]

@@ -1,6 +1,8 @@
 """The `hf-recurrence` command line: every command has --help, and convert / generate / reproduce do their job."""
 
 import json
+import logging
+import os
 
 import pytest
 import torch
@@ -61,25 +63,99 @@ def test_convert_without_window_flags_fits_the_window_to_the_position_table(tmp_
     assert f"window_size={config.window_size}" in capsys.readouterr().out
 
 
-def test_convert_refuses_a_non_empty_folder_and_overwrite_cleans_the_old_run(gpt2_dir, tmp_path, capsys):
+def test_convert_refuses_a_non_empty_folder_and_overwrite_replaces_only_its_own_run(
+    gpt2_dir, tmp_path, capsys, caplog
+):
     out = tmp_path / "trained"
     argv = ["convert", str(gpt2_dir), str(out), "--window_size", "8", "--insertion_layer", "1"]
     assert main(argv) == 0
-    # What a training run leaves beside its model, and a file that is the user's own.
-    (out / "checkpoint-30").mkdir()
-    (out / "checkpoint-30" / "optimizer.pt").write_bytes(b"state")
-    (out / "trainer_state.json").write_text("{}")
-    (out / "notes.txt").write_text("mine")
+    written = sorted(path.name for path in out.iterdir())
     weights = (out / "model.safetensors").read_bytes()
 
     error = user_error(capsys, [*argv[:3], "--window_size", "4", "--insertion_layer", "1"])
     assert "not empty" in error and "--overwrite" in error
-    assert (out / "model.safetensors").read_bytes() == weights and (out / "checkpoint-30").exists()
+    assert (out / "model.safetensors").read_bytes() == weights
 
-    assert main([*argv[:3], "--window_size", "4", "--insertion_layer", "1", "--overwrite"]) == 0
-    assert not (out / "checkpoint-30").exists() and not (out / "trainer_state.json").exists()
-    assert (out / "notes.txt").read_text() == "mine"
+    # A training run's files and the user's own beside the converted model: nothing convert wrote, so refused.
+    (out / "checkpoint-30").mkdir()
+    (out / "checkpoint-30" / "optimizer.pt").write_bytes(b"state")
+    (out / "runs").mkdir()
+    (out / "train.py").write_text("mine")
+    (out / "README.md").write_text("mine too")
+    again = [*argv[:3], "--window_size", "4", "--insertion_layer", "1", "--overwrite"]
+    error = user_error(capsys, again)
+    assert "README.md, checkpoint-30, runs, train.py" in error
+    assert (out / "train.py").read_text() == "mine" and (out / "checkpoint-30" / "optimizer.pt").exists()
+    assert (out / "model.safetensors").read_bytes() == weights
+
+    for name in ("train.py", "README.md"):
+        (out / name).unlink()
+    for name in ("checkpoint-30/optimizer.pt", "checkpoint-30", "runs"):
+        (out / name).unlink() if (out / name).is_file() else (out / name).rmdir()
+    with caplog.at_level(logging.WARNING, logger="hf_recurrence.outputs"):
+        assert main(again) == 0
+    assert "Removing what an earlier run of hf-recurrence convert wrote" in caplog.text
+    assert sorted(path.name for path in out.iterdir()) == written
     assert RecurrentGPT2LMHeadModel.config_class.from_pretrained(out).window_size == 4
+
+
+def test_convert_into_a_user_folder_is_refused_even_with_overwrite(gpt2_dir, tmp_path, capsys):
+    project = tmp_path / "project"
+    for name in ("checkpoint-30", "runs"):
+        (project / name).mkdir(parents=True)
+    (project / "train.py").write_text("mine")
+    (project / "README.md").write_text("mine too")
+    error = user_error(capsys, ["convert", str(gpt2_dir), str(project), "--window_size", "8", "--overwrite"])
+    assert "written by no hf-recurrence run" in error
+    assert sorted(path.name for path in project.iterdir()) == ["README.md", "checkpoint-30", "runs", "train.py"]
+
+
+def test_convert_of_a_checkpoint_without_tokenizer_is_refused_unless_one_is_given(gpt2_dir, tmp_path, capsys):
+    bare = tmp_path / "bare"
+    GPT2LMHeadModel.from_pretrained(gpt2_dir).save_pretrained(bare)
+    error = user_error(capsys, ["convert", str(bare), str(tmp_path / "out"), "--window_size", "8"])
+    assert f"{bare} has no tokenizer files (none of tokenizer.json, vocab.json" in error and "--tokenizer" in error
+    assert not (tmp_path / "out").exists()
+
+    argv = ["convert", str(bare), str(tmp_path / "out"), "--window_size", "8", "--tokenizer", str(gpt2_dir)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(["generate", str(tmp_path / "out"), "--prompt", "def main():", "--max_new_tokens", "5"]) == 0
+    assert len(capsys.readouterr().out.strip()) > len("def main():")
+
+
+def test_a_full_disk_during_convert_is_one_line_and_overwrite_clears_the_partial_output(
+    gpt2_dir, tmp_path, capsys, monkeypatch
+):
+    import transformers.modeling_utils
+    from safetensors import SafetensorError
+
+    def disk_full(tensors, filename, metadata=None):
+        with open(filename, "wb") as file:
+            file.write(b"half a shard")
+        raise SafetensorError("Error while serializing: No space left on device (os error 28)")
+
+    argv = ["convert", str(gpt2_dir), str(tmp_path / "out"), "--window_size", "8", "--insertion_layer", "1"]
+    with monkeypatch.context() as patch:
+        patch.setattr(transformers.modeling_utils, "safe_save_file", disk_full)
+        error = user_error(capsys, argv)
+    assert "cannot write the converted checkpoint" in error and "No space left on device" in error
+    assert "--overwrite" in error
+    assert main([*argv, "--overwrite"]) == 0
+    assert RecurrentGPT2LMHeadModel.from_pretrained(tmp_path / "out").config.window_size == 8
+
+
+def test_a_malicious_pickle_is_refused_in_one_line_without_advising_weights_only_false(gpt2_dir, tmp_path, capsys):
+    class RunsCode:
+        def __reduce__(self):
+            return (os.getcwd, ())
+
+    evil = tmp_path / "evil"
+    GPT2Config.from_pretrained(gpt2_dir).save_pretrained(evil)
+    torch.save({"transformer.wte.weight": RunsCode()}, evil / "pytorch_model.bin")
+    error = user_error(capsys, ["convert", str(evil), str(tmp_path / "out"), "--window_size", "8"])
+    assert "hold objects other than tensors" in error and "refused" in error
+    assert "weights_only" not in error
 
 
 def test_generate_writes_past_the_position_table(gpt2_dir, tmp_path, capsys):

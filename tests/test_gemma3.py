@@ -71,10 +71,10 @@ def test_missing_package_names_the_install_command(monkeypatch, tmp_path):
 
 def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_RECURRENCE_CACHE", str(tmp_path / "mine"))
-    assert gemma3.default_cache_dir() == tmp_path / "mine"
+    assert gemma3.default_cache_dir() == tmp_path / "mine" / "models"
     monkeypatch.delenv("HF_RECURRENCE_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert gemma3.default_cache_dir() == tmp_path / "xdg" / "hf_recurrence"
+    assert gemma3.default_cache_dir() == tmp_path / "xdg" / "hf_recurrence" / "models"
 
 
 @pytest.mark.slow

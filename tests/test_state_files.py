@@ -3,6 +3,7 @@ that refuse a file of another family, shape or format version, and the installed
 of a family accepting each other's states."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -36,16 +37,28 @@ def _read_header(path) -> dict:
         return json.loads(file.metadata()["hf_recurrence_state"])
 
 
-def _rewrite(path, target, header: dict | None = None, drop: str | None = None) -> None:
-    """Copy a state file to `target` with another header and/or without one tensor."""
+def _read_tensors(path) -> dict[str, torch.Tensor]:
     with safe_open(str(path), framework="pt") as file:
-        tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118
-        metadata = file.metadata()
+        return {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118
+
+
+def _rewrite(
+    path, target, header: dict | None = None, drop: str | None = None, replace: dict[str, torch.Tensor] | None = None
+) -> None:
+    """Copy a state file to `target` with another header, without one tensor and/or with other values for some."""
+    tensors = {**_read_tensors(path), **(replace or {})}
+    metadata = {"hf_recurrence_state": json.dumps(_read_header(path) if header is None else header)}
     if drop is not None:
         del tensors[drop]
-    if header is not None:
-        metadata = {"hf_recurrence_state": json.dumps(header)}
     save_file(tensors, str(target), metadata=metadata)
+
+
+def _saved_state(family, tmp_path):
+    """A tiny model of the family, its state after reading 30 tokens saved to a file, that file and its header."""
+    model, state = _model_and_state(family)
+    path = tmp_path / "state.safetensors"
+    state.save(path)
+    return model, state, path, _read_header(path)
 
 
 @pytest.mark.parametrize("family", STATEFUL_FAMILIES, ids=lambda f: f.name)
@@ -102,10 +115,7 @@ def test_an_existing_file_is_replaced_only_when_asked(family, tmp_path):
 
 @pytest.mark.parametrize("family", STATEFUL_FAMILIES, ids=lambda f: f.name)
 def test_files_that_do_not_fit_the_model_are_refused(family, tmp_path):
-    model, state = _model_and_state(family)
-    good = tmp_path / "state.safetensors"
-    state.save(good)
-    header = _read_header(good)
+    model, _, good, header = _saved_state(family, tmp_path)
 
     with pytest.raises(FileNotFoundError, match="No state file"):
         model.load_state(tmp_path / "missing.safetensors")
@@ -129,7 +139,7 @@ def test_files_that_do_not_fit_the_model_are_refused(family, tmp_path):
 
     layers = header["model_shape"]["layers"]
     deeper = family.head_class(family.tiny_config(num_hidden_layers=layers + 1))
-    with pytest.raises(ValueError, match=rf"another shape: layers={layers} \(this model: {layers + 1}\)"):
+    with pytest.raises(ValueError, match=rf"does not fit this model: layers={layers} \(this model: {layers + 1}\)"):
         deeper.load_state(good)
 
 
@@ -161,3 +171,108 @@ def test_the_installed_class_and_the_remote_code_copy_accept_each_others_states(
         from transformers import DynamicCache
 
         model(ids, past_key_values=DynamicCache())
+
+
+@pytest.mark.parametrize("family", STATEFUL_FAMILIES, ids=lambda f: f.name)
+def test_an_in_memory_state_of_another_model_is_refused_in_one_error(family):
+    model = family.head()
+    ids = family.inputs()["input_ids"]
+    layers = model.config.num_hidden_layers
+    with torch.no_grad():
+        deeper_state = family.head(num_hidden_layers=layers + 1)(ids[:, :SPLIT]).past_key_values
+        state = model(ids[:, :SPLIT]).past_key_values
+        with pytest.raises(
+            ValueError,
+            match=rf"past_key_values does not fit this model: layers={layers + 1} \(this model: {layers}\)",
+        ):
+            model(ids[:, SPLIT:], past_key_values=deeper_state)
+        with pytest.raises(ValueError, match=r"batch_size=2 \(the input: 1\)"):
+            model(ids[:1, SPLIT:], past_key_values=state)
+        # A float32 state with a bfloat16 model: refused by name, not a deep attention error.
+        with pytest.raises(ValueError, match=r"dtype=torch.float32 \(this model: torch.bfloat16\).*state.to\(dtype="):
+            model.to(torch.bfloat16)(ids[:, SPLIT:], past_key_values=state)
+
+
+@pytest.mark.parametrize("family", STATEFUL_FAMILIES, ids=lambda f: f.name)
+def test_values_no_run_leaves_in_a_state_are_refused_naming_the_file_and_field(family, tmp_path):
+    model, _, good, header = _saved_state(family, tmp_path)
+
+    def refused(name: str, match: str, **rewrite) -> None:
+        path = tmp_path / f"{name}.safetensors"
+        _rewrite(good, path, **rewrite)
+        with pytest.raises(ValueError, match=match) as error:
+            model.load_state(path)
+        assert str(path) in str(error.value)
+
+    for bad in (-1, 2.5, "30", None, True):
+        refused("seen", rf"malformed 'seen_tokens' in its header: {bad!r}", header={**header, "seen_tokens": bad})
+    refused("fewer_seen", r"'seen_tokens'=1, fewer than its rows", header={**header, "seen_tokens": 1})
+
+    name, tensor = next((n, t) for n, t in sorted(_read_tensors(good).items()) if t.is_floating_point())
+    refused(
+        "nan", rf"has non-finite values \(NaN or inf\) in '{name}'", replace={name: torch.full_like(tensor, torch.nan)}
+    )
+
+    for raw, match in (
+        ("[1, 2]", "malformed state header: a JSON list"),
+        ("[" * 100_000 + "]" * 100_000, "malformed state header"),
+        ("{not json", "malformed state header"),
+    ):
+        save_file({"x": torch.zeros(1)}, str(tmp_path / "raw.safetensors"), metadata={"hf_recurrence_state": raw})
+        with pytest.raises(ValueError, match=match) as error:
+            model.load_state(tmp_path / "raw.safetensors")
+        assert "raw.safetensors" in str(error.value)
+    (tmp_path / "text.safetensors").write_text("not a safetensors file")
+    with pytest.raises(ValueError, match="text.safetensors is not a safetensors file"):
+        model.load_state(tmp_path / "text.safetensors")
+
+
+@pytest.mark.parametrize("family", [f for f in STATEFUL_FAMILIES if f.name != "transformer_xl"], ids=lambda f: f.name)
+def test_window_counters_outside_the_window_or_the_cache_are_refused(family, tmp_path):
+    model, state, good, header = _saved_state(family, tmp_path)
+    header = {**header, "lockstep": None}
+    fill = _read_tensors(good)["fill"]
+    for name, value, match in (
+        ("beyond", state.window_size + 1, r"'fill' .* outside the window"),
+        ("negative", -1, r"'fill' .* outside the window"),
+        ("uncached", 1, r"but \[\d+, \d+\] valid cache slots"),
+    ):
+        _rewrite(good, tmp_path / f"{name}.safetensors", header=header, replace={"fill": torch.full_like(fill, value)})
+        with pytest.raises(ValueError, match=match):
+            model.load_state(tmp_path / f"{name}.safetensors")
+    for lockstep in ([1], ["a", 0], 7):
+        _rewrite(good, tmp_path / "lockstep.safetensors", header={**header, "lockstep": lockstep})
+        with pytest.raises(ValueError, match="malformed 'lockstep'"):
+            model.load_state(tmp_path / "lockstep.safetensors")
+
+
+@pytest.mark.parametrize("family", STATEFUL_FAMILIES, ids=lambda f: f.name)
+def test_of_two_writers_of_one_path_without_overwrite_only_one_succeeds(family, tmp_path, monkeypatch):
+    _, state = _model_and_state(family)
+    path = tmp_path / "state.safetensors"
+    module = sys.modules[type(state).__module__]
+    write = module.save_file
+
+    def another_writer_wins_meanwhile(*args, **kwargs):
+        # The other process creates the file after this one checked that the name was free.
+        path.write_bytes(b"the other writer's state")
+        write(*args, **kwargs)
+
+    monkeypatch.setattr(module, "save_file", another_writer_wins_meanwhile)
+    with pytest.raises(FileExistsError, match="created by another writer meanwhile"):
+        state.save(path)
+    assert path.read_bytes() == b"the other writer's state"
+    assert [p.name for p in tmp_path.iterdir()] == ["state.safetensors"]  # no temporary file left
+
+
+@pytest.mark.parametrize("family", STATEFUL_FAMILIES, ids=lambda f: f.name)
+def test_a_failed_save_leaves_no_partial_file_and_the_state_docs_say_it_is_not_thread_safe(family, tmp_path):
+    _, state = _model_and_state(family)
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(OSError):
+        state.save(tmp_path / "taken", overwrite=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["taken"]
+    state.save(tmp_path / "state.safetensors")
+    # The file holds the text the model read: only its owner may read it.
+    assert (tmp_path / "state.safetensors").stat().st_mode & 0o077 == 0
+    assert "not thread-safe" in type(state).__doc__

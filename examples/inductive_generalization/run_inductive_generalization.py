@@ -52,7 +52,7 @@ from hf_recurrence.data import (
     logits_to_predictions,
     number_sequence_tokenizer,
 )
-from hf_recurrence.outputs import OutputDirArguments, prepare_training_output_dir
+from hf_recurrence.outputs import OutputDirArguments, finish_output_dir, prepare_training_output_dir
 
 
 logger = logging.getLogger(__name__)
@@ -191,7 +191,9 @@ def main(argv: list[str] | None = None) -> dict:
     if unknown:
         raise ValueError(f"unknown models {unknown}; choose from {MODEL_NAMES}")
     # Each model trains in its own sub-folder; the report and the plot sit beside them.
-    prepare_training_output_dir(training_args, (*MODEL_NAMES, *REPORT_FILES), output_args)
+    prepare_training_output_dir(
+        training_args, (*MODEL_NAMES, *REPORT_FILES), output_args, writer="run_inductive_generalization.py"
+    )
 
     # 2. Data: the inductive split, plus fresh sequences of the training difficulties to check what was learned.
     train_difficulties = parse_range(data_args.train_difficulties)
@@ -237,6 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
     (output_dir / "results.json").write_text(json.dumps(report, indent=2))
     plot(results, data_args.task, train_difficulties, output_dir / "accuracy_vs_difficulty.png")
     logger.info("wrote %s and %s", output_dir / "results.json", output_dir / "accuracy_vs_difficulty.png")
+    finish_output_dir(output_dir)
     return report
 
 

@@ -56,6 +56,7 @@ from hf_recurrence.outputs import (
     MODEL_FOLDER_FILES,
     TRAINING_RUN_FILES,
     OutputDirArguments,
+    finish_output_dir,
     prepare_training_output_dir,
 )
 
@@ -230,7 +231,9 @@ def main() -> None:
     logger.info(f"Training/evaluation parameters {training_args}")
     # A non-empty output_dir is refused (or, with --overwrite_output_dir, cleaned) before any work: a stale
     # checkpoint-N of an earlier, longer run would otherwise be the one `get_last_checkpoint` finds.
-    prepare_training_output_dir(training_args, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, output_args)
+    prepare_training_output_dir(
+        training_args, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, output_args, writer="run_clm_recurrent.py"
+    )
 
     # 3. Seed before the recurrence module is initialised, so every run (and every process) starts from the same one.
     set_seed(training_args.seed)
@@ -291,6 +294,8 @@ def main() -> None:
         metrics["perplexity"] = math.exp(metrics["eval_loss"]) if metrics["eval_loss"] < 100 else float("inf")
         trainer.log_metrics("eval", metrics)
         trainer.save_metrics("eval", metrics)
+    if training_args.should_save:
+        finish_output_dir(training_args.output_dir)
 
 
 if __name__ == "__main__":

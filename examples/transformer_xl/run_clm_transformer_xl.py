@@ -42,6 +42,7 @@ from hf_recurrence.outputs import (
     MODEL_FOLDER_FILES,
     TRAINING_RUN_FILES,
     OutputDirArguments,
+    finish_output_dir,
     prepare_training_output_dir,
 )
 
@@ -83,7 +84,9 @@ def main() -> None:
     else:
         model_args, data_args, training_args, output_args = parser.parse_args_into_dataclasses()
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    prepare_training_output_dir(training_args, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, output_args)
+    prepare_training_output_dir(
+        training_args, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, output_args, writer="run_clm_transformer_xl.py"
+    )
     set_seed(training_args.seed)
 
     # 2. Data: one document per standard library module, in the package's train / validation split.
@@ -135,6 +138,8 @@ def main() -> None:
     prompt = tokenizer("def ", return_tensors="pt").to(model.device)
     sample = model.generate(**prompt, max_new_tokens=data_args.sample_tokens, do_sample=False)
     logger.info("Greedy continuation:\n" + tokenizer.decode(sample[0]))
+    if training_args.should_save:
+        finish_output_dir(training_args.output_dir)
 
 
 if __name__ == "__main__":

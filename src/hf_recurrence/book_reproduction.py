@@ -33,14 +33,16 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from torch import nn
+from torch.utils.data import Dataset
 from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, set_seed
 
 from .data import TokenBlocks, WindowedBlocksCollator, token_stream
 from .data.books import BOOK_SPLITS, austen_split, write_austen_split_manifest
-from .evaluation import plot_perplexity_vs_flops, windowed_perplexity, write_report
+from .data.fact_probe import FactProbe, fact_nll
+from .evaluation import WindowPrefixed, flops_per_token, plot_perplexity_vs_flops, windowed_perplexity, write_report
 from .evaluation.report import plot_nll_by_window_position
 from .evaluation.statistics import nll_by_window_position, paired_bootstrap, segment_sums
-from .outputs import UsageError, prepare_output_dir
+from .outputs import UsageError, finish_output_dir, prepare_output_dir, write_atomically
 from .reproduction import findings, fine_tune, overlap_tokens, report_header
 from .smollm2 import load_llama_from_gguf, recurrent_llama_from_llama, smollm2_gguf_path
 
@@ -57,6 +59,12 @@ BOOK_REPORT_FILES = (
 
 # The trained arms: name -> `recurrence_input` of their recurrence module.
 TRAINED_ARMS = {"recurrent": "window", "control": "zeros"}
+
+# The reference rows' prompt: this project's own sentence of plain narrative prose, read before every window.
+REFERENCE_PROMPT = (
+    "The morning was fine and the house was quiet; she sat by the window with a letter in her hand and thought "
+    "about what her sister had said."
+)
 
 # What `--backbone` may train in every arm.
 BACKBONE_SETTINGS = ("frozen", "lora", "full")
@@ -109,6 +117,13 @@ class BookReproductionSettings:
     lora_first_layer: int | None = field(
         default=None,
         metadata={"help": "First decoder layer given adapters, every layer from it up (None: the insertion layer)."},
+    )
+    reference_prompt: str = field(
+        default=REFERENCE_PROMPT,
+        metadata={
+            "help": "Prose the reference row's stock model reads before every window (the other reference row reads "
+            "the tokenizer's BOS token, else its EOS token)."
+        },
     )
     bf16: bool = field(
         default=False,
@@ -248,7 +263,7 @@ def adapt_backbone(model: PreTrainedModel, settings: BookReproductionSettings) -
 def train_arm(
     llama: LlamaForCausalLM,
     recurrence_input: str | None,
-    stream: list[int],
+    data: list[int] | Dataset,
     settings: BookReproductionSettings,
     **config_overrides,
 ) -> tuple[PreTrainedModel, float | None, float]:
@@ -256,6 +271,9 @@ def train_arm(
     training loss (None if nothing was trained: the baseline on a frozen backbone) and the minutes taken. Every arm
     sees the same blocks in the same order; the baseline (`recurrence_input=None`, the stock model) reads each
     block's windows independently.
+
+    `data`: a token stream, cut into blocks of `windows_per_block` windows, or a dataset of such blocks (with their
+    labels, e.g. a `FactProbe`).
 
     `config_overrides`: further `RecurrentLlamaConfig` fields (e.g. `h_prev_rope_position=-1`) for ablations.
     """
@@ -268,12 +286,23 @@ def train_arm(
     trained, groups = adapt_backbone(model, settings)
     if not groups:
         return model.eval(), None, 0.0
-    blocks = TokenBlocks(stream, settings.windows_per_block * settings.window_size)
+    blocks = (
+        data if isinstance(data, Dataset) else TokenBlocks(data, settings.windows_per_block * settings.window_size)
+    )
     start = time.perf_counter()
     loss = fine_tune(trained, blocks, settings, collator=collator, parameter_groups=groups, bf16=settings.bf16)
     if trained is not model:  # PEFT's wrapper: LoRA merged into the weights, the plain model back
         trained = trained.merge_and_unload()
     return trained.requires_grad_(False).eval(), loss, (time.perf_counter() - start) / 60
+
+
+def reference_prefixes(tokenizer: PreTrainedTokenizerBase, settings: BookReproductionSettings) -> dict[str, list[int]]:
+    """The no-training reference rows' prefixes: one BOS-like token, and `settings.reference_prompt`."""
+    special = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    prefixes = {"stock+prompt": tokenizer(settings.reference_prompt, add_special_tokens=False)["input_ids"]}
+    if special is not None:
+        prefixes = {"stock+bos": [special], **prefixes}
+    return {name: ids for name, ids in prefixes.items() if ids}
 
 
 @contextmanager
@@ -287,6 +316,40 @@ def h_prev_from_another_row(model: PreTrainedModel):
         yield
     finally:
         handle.remove()
+
+
+def run_fact_probe(
+    llama: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    train_stream: list[int],
+    held_out_stream: list[int],
+    settings: BookReproductionSettings,
+    num_held_out: int = 64,
+) -> dict:
+    """The long-range probe (`hf_recurrence.data.fact_probe`), a gate cheaper than the perplexity run: the recurrent
+    arm trained with the settings' backbone on `max_steps x batch_size` probe examples cut from `train_stream`, then
+    scored on `num_held_out` examples from `held_out_stream` (a validation book: choices are made on it), against the
+    stock model reading the question's window alone (chance: it cannot know an invented name) and against the
+    recurrent arm reading it with another example's `h_prev` (the swap control, which should be at chance too).
+
+    Returns, per reader, the mean NLL per name token and the share of examples recalled exactly, plus the training
+    loss and minutes.
+    """
+    window = settings.window_size
+    train = FactProbe(train_stream, tokenizer, window, settings.max_steps * settings.batch_size, seed=settings.seed)
+    held_out = FactProbe(held_out_stream, tokenizer, window, num_held_out, seed=settings.seed + 1)
+    model, loss, minutes = train_arm(llama, "window", train, settings)
+    readers = {"stock": fact_nll(llama, held_out, window), "recurrent": fact_nll(model, held_out, window)}
+    with h_prev_from_another_row(model):
+        readers["swapped"] = fact_nll(model, held_out, window)
+    return {
+        "backbone": settings.backbone,
+        "train_examples": len(train),
+        "held_out_examples": len(held_out),
+        "train_loss": loss,
+        "train_minutes": minutes,
+        **{name: {"name_nll": nll, "recalled": recalled} for name, (nll, recalled) in readers.items()},
+    }
 
 
 def compare(rows_nll: dict, a: str, b: str, settings: BookReproductionSettings) -> dict:
@@ -359,7 +422,7 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
         raise UsageError(f"{source}: {error}") from None
     documents, read = held_out_documents(settings, tokenizer)
     stream = token_stream([book.text for book in train_books], tokenizer)
-    prepare_output_dir(output_dir, BOOK_REPORT_FILES, overwrite=overwrite)
+    prepare_output_dir(output_dir, BOOK_REPORT_FILES, writer="hf-recurrence reproduce", overwrite=overwrite)
     write_austen_split_manifest(output_dir / "split.json")
     if settings.backbone == "lora":
         lora_layers(settings, llama.config.num_hidden_layers)  # a layer the model lacks, refused before any work
@@ -384,7 +447,7 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
         token_nll[f"{name}@{overlap}"] = result.token_nll
         rows.append({"model": name, **result.to_dict(), **fields})
         print(f"  {name:<10} window {settings.window_size} overlap {overlap:>3}: perplexity {result.perplexity:.3f}")
-        write_report(output_dir, rows, **report_header(settings, source, start))
+        write_report(output_dir, rows, finished=False, **report_header(settings, source, start))
 
     if settings.backbone != "frozen":
         print(f"[baseline] training the backbone ({settings.backbone}), each window read alone")
@@ -394,6 +457,11 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
         overlap = overlap_tokens(settings.window_size, fraction)
         evaluate(baseline, "baseline", overlap, train_loss=loss, tokens=0 if loss is None else train_tokens)
     del baseline
+    for name, prefix in reference_prefixes(tokenizer, settings).items():
+        # What a learned window start could be worth, at no training: the stock model reading a fixed prefix.
+        flops = flops_per_token(llama.config, settings.window_size + len(prefix), len(prefix))
+        reference = WindowPrefixed(llama, prefix)
+        evaluate(reference, name, 0, train_loss=None, tokens=0, prefix_tokens=len(prefix), flops_per_token=flops)
     for name, recurrence_input in TRAINED_ARMS.items():
         print(
             f"[{name}] training the recurrence module (recurrence_input={recurrence_input!r}), backbone {settings.backbone}"
@@ -439,15 +507,16 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
     summary += goals(comparisons, lost_fraction)
     summary += findings(rows)
     minutes = (time.perf_counter() - start) / 60
-    table = write_report(output_dir, rows, summary, **report_header(settings, source, start))
+    table = write_report(output_dir, rows, summary, finished=True, **report_header(settings, source, start))
     results = json.loads((output_dir / "results.json").read_text())
     results.update(extra, comparisons=comparisons, nll_by_window_position=by_position)
-    (output_dir / "results.json").write_text(json.dumps(results, indent=2))
+    write_atomically(output_dir / "results.json", json.dumps(results, indent=2))
     plot_perplexity_vs_flops(rows, output_dir / "perplexity_vs_flops.png")
     plot_nll_by_window_position(
         {key.split("@")[0]: [math.nan if v is None else v for v in values] for key, values in by_position.items()},
         output_dir / "nll_by_window_position.png",
     )
+    finish_output_dir(output_dir)
     print("\n" + table + "\n")
     for line in summary:
         print(line)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from .data.books import cache_root
 from .smollm2 import load_causal_lm_from_gguf
 
 
@@ -25,11 +26,9 @@ GEMMA3_GGUF_BYTES = 253_113_024
 
 
 def default_cache_dir() -> Path:
-    """Where assembled model files are kept: `$HF_RECURRENCE_CACHE`, else `$XDG_CACHE_HOME/hf_recurrence`, else
-    `~/.cache/hf_recurrence`."""
-    if os.environ.get("HF_RECURRENCE_CACHE"):
-        return Path(os.environ["HF_RECURRENCE_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hf_recurrence"
+    """Where assembled model files are kept: `models` in the package's cache folder (`$HF_RECURRENCE_CACHE`, else
+    `$XDG_CACHE_HOME/hf_recurrence`, else `~/.cache/hf_recurrence`)."""
+    return cache_root() / "models"
 
 
 def gemma3_270m_gguf_path(cache_dir: str | Path | None = None) -> Path:

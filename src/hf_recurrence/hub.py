@@ -5,8 +5,10 @@ paper and pipeline lives here, in `FAMILIES`, keyed by `model_type`; the config 
 settings come from the config class (`family_settings`). Adding a family to the cards is one entry here.
 """
 
+import json
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
@@ -14,22 +16,37 @@ from pathlib import Path
 from huggingface_hub import CommitInfo, CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
+from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.dynamic_module_utils import get_relative_import_files
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.utils import logging
 
-from .outputs import MODEL_FOLDER_FILES, UsageError
+from .outputs import TOKENIZER_FILES, UsageError
 
 
 logger = logging.get_logger(__name__)
 
-# The top-level files of a folder that `push_folder` uploads: the model folder's files (`MODEL_FOLDER_FILES`) but
-# no pickle, which runs code when loaded and may hold secrets.
-MODEL_REPO_FILES = tuple(
-    pattern
-    for pattern in MODEL_FOLDER_FILES
-    if not pattern.endswith(".bin") and not pattern.endswith(".bin.index.json")
+# The top-level files of a checkpoint that `push_folder` uploads besides the code `auto_map` names and the weight
+# shards an index names: exact names, never a pattern, so that nothing else in the folder (a script, a key file, a
+# saved recurrent state) goes up without being asked for.
+CHECKPOINT_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "adapter_config.json",
+    "adapter_model.safetensors",
+    *TOKENIZER_FILES,
+    "README.md",
 )
+# Pickles run code when loaded and may hold secrets (`training_args.bin` holds `--hub_token` in clear): never uploaded,
+# even when an --include pattern matches them.
+PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.pkl", "*.pickle", "*.ckpt")
+# Why a symlink is left out: uploading reads its target, and a link to ~/.bashrc would publish it.
+OUTSIDE_LINK = "a symlink pointing out of the folder"
+# The safetensors metadata key of a saved recurrent state (the models' `_STATE_HEADER_KEY`).
+STATE_HEADER_KEY = "hf_recurrence_state"
 
 DEFAULT_COMMIT_MESSAGE = "Upload model with hf-recurrence"
 
@@ -261,21 +278,115 @@ def write_model_card(
     return path
 
 
-def files_to_push(folder: Path) -> tuple[list[Path], list[Path]]:
-    """The files of `folder` a model repo gets, and those left out (sorted paths).
+@dataclass
+class PushPlan:
+    """What `push_folder` uploads from a folder, and what it leaves out with the reason for each file."""
 
-    Only top-level files a model repo needs go up (`MODEL_REPO_FILES`): never a pickle (optimizer, scheduler and RNG
-    states, `training_args.bin`, which holds `--hub_token` in clear when training was given one), never the
-    `checkpoint-*` folders, logs or trainer state of a training run.
+    folder: Path
+    uploaded: list[Path]
+    left_out: dict[Path, str]
+
+    def describe_uploaded(self) -> str:
+        names = [path.relative_to(self.folder).as_posix() for path in self.uploaded]
+        if "README.md" not in names:
+            names.append("README.md (the model card, written for this push)")
+        return f"Uploading from {self.folder}: {', '.join(names)}"
+
+    def describe_left_out(self) -> str:
+        by_reason: dict[str, list[Path]] = {}
+        for path, reason in self.left_out.items():
+            by_reason.setdefault(reason, []).append(path)
+        return "\n".join(
+            f"Not uploaded from {self.folder} ({reason}): {_name_files(paths, self.folder)}"
+            for reason, paths in by_reason.items()
+        )
+
+
+def _code_files(folder: Path) -> set[str]:
+    """The `.py` files the checkpoint's `auto_map`s name (config and tokenizer), with the sibling files they import."""
+    names = set()
+    for source in ("config.json", "tokenizer_config.json"):
+        path = folder / source
+        auto_map = json.loads(path.read_text()).get("auto_map") if path.is_file() else None
+        for value in (auto_map or {}).values():
+            # Tokenizer entries are [slow, fast] pairs; "repo_id--module.Class" names code in another repo.
+            for reference in value if isinstance(value, list) else [value]:
+                if isinstance(reference, str) and "--" not in reference:
+                    names.add(reference.rsplit(".", 1)[0] + ".py")
+    found = {name for name in names if (folder / name).is_file()}
+    for name in list(found):
+        found.update(Path(sibling).name for sibling in get_relative_import_files(folder / name))
+    return found
+
+
+def _weight_shards(folder: Path) -> set[str]:
+    """The shard files `model.safetensors.index.json` names."""
+    index = folder / "model.safetensors.index.json"
+    return set(json.loads(index.read_text()).get("weight_map", {}).values()) if index.is_file() else set()
+
+
+def _is_state_file(path: Path) -> bool:
+    """Whether `path` is a recurrent state written by `state.save()` (it holds the text the model read)."""
+    try:
+        with safe_open(str(path), framework="pt") as file:
+            return STATE_HEADER_KEY in (file.metadata() or {})
+    except (SafetensorError, OSError):
+        return False
+
+
+def files_to_push(folder: str | os.PathLike, include: Sequence[str] = ()) -> PushPlan:
+    """What `push_folder` uploads from `folder`: exactly the files a checkpoint needs, and what it leaves out.
+
+    Uploaded: the code files that the `auto_map` of `config.json` / `tokenizer_config.json` names and the sibling
+    files they import; the top-level `CHECKPOINT_FILES` (config and generation config, weights and their index,
+    PEFT's adapter files, tokenizer files, the model card) and the weight shards the index names; and any file whose
+    path in the folder matches an `include` glob pattern. A saved recurrent state holds the text the model read: it
+    goes up only when an `include` entry is its exact path. Never uploaded: a pickle (`PICKLE_PATTERNS`), a hidden
+    file, a symlink that points out of the folder. Raises `UsageError` for a folder without config.json or without
+    safetensors weights.
     """
-    uploaded, left_out = [], []
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise UsageError(f"{folder} is not a saved model folder: it has no config.json")
+    root = folder.resolve()
+    shards = _weight_shards(folder)
+    needed = {*CHECKPOINT_FILES, *_code_files(folder), *shards}
+    uploaded, left_out = [], {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() or p.is_symlink()):
         relative = path.relative_to(folder)
+        name = relative.as_posix()
         if any(part.startswith(".") for part in relative.parts):
             continue
-        top_level_model_file = len(relative.parts) == 1 and any(fnmatch(path.name, p) for p in MODEL_REPO_FILES)
-        (uploaded if top_level_model_file else left_out).append(path)
-    return uploaded, left_out
+        if not path.resolve().is_relative_to(root) or not path.exists():
+            left_out[path] = OUTSIDE_LINK
+        elif not path.is_file():
+            # A link to a folder inside this one: its files are listed under their own paths.
+            continue
+        elif any(fnmatch(path.name, pattern) for pattern in PICKLE_PATTERNS):
+            left_out[path] = "a pickle, never uploaded"
+        elif path.suffix == ".safetensors" and name not in include and _is_state_file(path):
+            left_out[path] = "a saved recurrent state, which holds the text it read; --include its exact name"
+        elif name in needed or any(fnmatch(name, pattern) for pattern in include):
+            uploaded.append(path)
+        else:
+            left_out[path] = "not part of the checkpoint; --include a pattern to add it"
+    weights = {"model.safetensors", "adapter_model.safetensors", *shards}
+    if not any(path.parent == folder and path.name in weights for path in uploaded):
+        linked = sorted(
+            path.name for path, reason in left_out.items() if reason == OUTSIDE_LINK and path.name in weights
+        )
+        if linked:
+            raise UsageError(
+                f"{folder}'s weights ({', '.join(linked)}) are symlinks pointing out of the folder, which a push never "
+                "follows: copy the files themselves into the folder (or save_pretrained the model there)"
+            )
+        pickled = sorted(path.name for path in folder.glob("*.bin"))
+        raise UsageError(
+            f"{folder} has no safetensors weights"
+            + (f", only pickles ({', '.join(pickled)}), which are never uploaded" if pickled else "")
+            + ": load the model with from_pretrained and save it with save_pretrained, which writes safetensors"
+        )
+    return PushPlan(folder, uploaded, left_out)
 
 
 def _name_files(paths: list[Path], folder: Path) -> str:
@@ -285,7 +396,7 @@ def _name_files(paths: list[Path], folder: Path) -> str:
         top = path.relative_to(folder).parts[0]
         counts[top] = counts.get(top, 0) + 1
     return ", ".join(
-        name if (folder / name).is_file() else f"{name}/ ({count} file{'s' * (count > 1)})"
+        f"{name}/ ({count} file{'s' * (count > 1)})" if (folder / name).is_dir() else name
         for name, count in counts.items()
     )
 
@@ -300,27 +411,21 @@ def push_folder(
     private: bool | None = None,
     token: str | None = None,
     commit_message: str = DEFAULT_COMMIT_MESSAGE,
+    include: Sequence[str] = (),
 ) -> CommitInfo:
     """Upload a folder written by `save_pretrained` to `repo_id` in one commit, with a model card.
 
-    Only what a model repo needs is uploaded (see `files_to_push`); what is left out is named in one warning. A
-    folder whose weights are pickles only (`pytorch_model.bin`) is refused: load and `save_pretrained` it first.
+    Only the files a checkpoint needs are uploaded, plus those matching the glob patterns `include` (see
+    `files_to_push`); what is left out is named in one warning, with the reasons. A folder whose weights are pickles
+    only (`pytorch_model.bin`) is refused: load and `save_pretrained` it first.
     The folder's own README.md is uploaded as it is; without one, the card of `model_card` is added to the commit
     (the folder itself is not changed). The repo is created if needed, and the branch `revision` too.
     """
     folder = Path(folder)
-    if not (folder / "config.json").is_file():
-        raise UsageError(f"{folder} is not a saved model folder: it has no config.json")
-    uploaded, left_out = files_to_push(folder)
-    if not any(fnmatch(path.name, "*.safetensors") for path in uploaded):
-        pickled = sorted(path.name for path in folder.glob("*.bin"))
-        raise UsageError(
-            f"{folder} has no safetensors weights"
-            + (f", only pickles ({', '.join(pickled)}), which are never uploaded" if pickled else "")
-            + ": load the model with from_pretrained and save it with save_pretrained, which writes safetensors"
-        )
-    if left_out:
-        logger.warning(f"Not uploaded from {folder} (not part of a model repo): {_name_files(left_out, folder)}")
+    plan = files_to_push(folder, include)
+    if plan.left_out:
+        logger.warning(plan.describe_left_out())
+    uploaded = plan.uploaded
     operations = [
         CommitOperationAdd(path_in_repo=path.relative_to(folder).as_posix(), path_or_fileobj=str(path))
         for path in uploaded
@@ -369,10 +474,12 @@ def push_to_hub(
 
 
 __all__ = [
+    "CHECKPOINT_FILES",
     "FAMILIES",
-    "MODEL_REPO_FILES",
+    "PICKLE_PATTERNS",
     "FamilyCard",
     "Paper",
+    "PushPlan",
     "files_to_push",
     "model_card",
     "push_folder",

@@ -19,7 +19,7 @@ import transformers
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
 
 from .data import TokenBlocks, stdlib_split, token_stream, train_byte_level_bpe
-from .outputs import MODEL_FOLDER_FILES, UsageError, prepare_output_dir
+from .outputs import MODEL_FOLDER_FILES, UsageError, finish_output_dir, prepare_output_dir
 
 
 DEFAULT_MODEL_PATH = Path(__file__).parent / "default_model"
@@ -107,7 +107,7 @@ def pretrain(
     `output_dir` is checked first (writable, and empty unless `overwrite`, which replaces the model there), so that
     nothing is trained for a folder that cannot take the result.
     """
-    prepare_output_dir(output_dir, PRETRAINING_FILES, overwrite=overwrite)
+    prepare_output_dir(output_dir, PRETRAINING_FILES, writer="hf-recurrence pretrain", overwrite=overwrite)
     start = time.perf_counter()
     set_seed(settings.seed)
     train_texts = [text for _, text in stdlib_split("train")]
@@ -162,6 +162,7 @@ def pretrain(
         json.dumps({"settings": asdict(settings), "metrics": metrics}, indent=2)
     )
     (output_dir / "README.md").write_text(model_card(settings, metrics, command, len(train_texts)))
+    finish_output_dir(output_dir)
     return metrics
 
 

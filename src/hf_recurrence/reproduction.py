@@ -27,7 +27,7 @@ from transformers import (
 from .data import TokenBlocks, WindowedBlocksCollator, read_documents, token_stream
 from .evaluation import plot_perplexity_vs_flops, windowed_perplexity, write_report
 from .models import RecurrentGPT2Config, RecurrentGPT2LMHeadModel
-from .outputs import REPORT_FILES, UsageError, prepare_output_dir
+from .outputs import REPORT_FILES, UsageError, finish_output_dir, prepare_output_dir
 from .pretraining import default_model_path, short_run_arguments
 
 
@@ -196,13 +196,13 @@ def reproduce(settings: ReproductionSettings, output_dir: Path, *, overwrite: bo
         f"Model {source}; training stream {len(stream):,} tokens from {len(train_texts)} documents; held-out "
         f"{sum(map(len, test_ids)):,} tokens in {len(test_docs)} documents ({', '.join(n for n, _ in test_docs)})"
     )
-    prepare_output_dir(output_dir, REPORT_FILES, overwrite=overwrite)
+    prepare_output_dir(output_dir, REPORT_FILES, writer="hf-recurrence reproduce", overwrite=overwrite)
 
     rows = []
 
     def record(row: dict) -> None:
         rows.append(row)
-        write_report(output_dir, rows, **report_header(settings, source, start))
+        write_report(output_dir, rows, finished=False, **report_header(settings, source, start))
 
     for window_size in settings.window_sizes:
         windows_per_block = settings.block_tokens // window_size
@@ -245,8 +245,9 @@ def reproduce(settings: ReproductionSettings, output_dir: Path, *, overwrite: bo
 
     minutes = (time.perf_counter() - start) / 60
     summary = findings(rows)
-    table = write_report(output_dir, rows, summary, **report_header(settings, source, start))
+    table = write_report(output_dir, rows, summary, finished=True, **report_header(settings, source, start))
     plot_perplexity_vs_flops(rows, output_dir / "perplexity_vs_flops.png")
+    finish_output_dir(output_dir)
     print("\n" + table + "\n")
     for line in summary:
         print(line)

@@ -2,6 +2,9 @@
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,7 +14,14 @@ from hf_recurrence import RecurrentGPT2LMHeadModel, TransformerXLLMHeadModel, cl
 from hf_recurrence.commands import evaluate as evaluate_command
 from hf_recurrence.evaluation import windowed_perplexity
 
-from ..common import TINY_GPT2, stdlib_tokenizer, tiny_recurrent_config, tiny_transformer_xl_config, user_error
+from ..common import (
+    SRC_ROOT,
+    TINY_GPT2,
+    stdlib_tokenizer,
+    tiny_recurrent_config,
+    tiny_transformer_xl_config,
+    user_error,
+)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -125,25 +135,66 @@ def test_results_are_written_after_each_evaluation(saved_models, tmp_path, monke
 
 def test_a_non_empty_folder_is_refused_and_overwrite_replaces_the_earlier_results(saved_models, tmp_path, capsys):
     root, _, _ = saved_models
-    argv = [
-        "evaluate",
-        str(root / "transformer_xl"),
-        "--windows",
-        "8",
-        *STDLIB_DOCUMENT,
-        "--output_dir",
-        str(tmp_path),
-    ]
-    (tmp_path / "perplexity_vs_flops.png").write_bytes(b"an earlier run's plot")
-    (tmp_path / "notes.txt").write_text("mine")
+    argv = ["evaluate", "--windows", "8", *STDLIB_DOCUMENT, "--output_dir", str(tmp_path)]
+    assert cli.main([*argv[:1], str(root / "baseline"), *argv[1:]]) == 0
+    plot = (tmp_path / "perplexity_vs_flops.png").read_bytes()
+    argv = [*argv[:1], str(root / "transformer_xl"), *argv[1:]]
 
     error = user_error(capsys, argv)
     assert "not empty" in error and "--overwrite" in error
-    assert (tmp_path / "perplexity_vs_flops.png").read_bytes() == b"an earlier run's plot"
+    assert (tmp_path / "perplexity_vs_flops.png").read_bytes() == plot
+    (tmp_path / "notes.txt").write_text("mine")
+    error = user_error(capsys, [*argv, "--overwrite"])
+    assert "holds what no earlier run of hf-recurrence evaluate wrote there (notes.txt)" in error
+    assert (tmp_path / "perplexity_vs_flops.png").read_bytes() == plot
 
+    (tmp_path / "notes.txt").unlink()
     assert cli.main([*argv, "--overwrite"]) == 0
-    (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
+    report = json.loads((tmp_path / "results.json").read_text())
+    (row,) = report["rows"]
+    assert report["finished"] is True
     assert row["model"] == "transformer_xl" and row["flops_per_token"] is None
     # No plot of this run (nothing plottable), and none of the earlier one left beside its results.
     assert not (tmp_path / "perplexity_vs_flops.png").exists()
-    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+# Writes more than this many bytes to one file fail, as on a full disk (RLIMIT_FSIZE, SIGXFSZ ignored).
+FULL_DISK = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+from hf_recurrence.cli import main
+sys.exit(main({argv!r}))
+"""
+
+
+def test_a_full_disk_mid_run_keeps_the_finished_rows_in_valid_json(saved_models, tmp_path):
+    root, _, _ = saved_models
+    one_row = tmp_path / "one_row"
+    argv = ["evaluate", str(root / "transformer_xl"), "--windows", "8", *STDLIB_DOCUMENT, "--output_dir"]
+    assert cli.main([*argv, str(one_row)]) == 0
+    # Room for the report of one evaluation, not of two (nor for the weights the models load: they are only read).
+    limit = (one_row / "results.json").stat().st_size + 100
+    out = tmp_path / "out"
+    code = FULL_DISK.format(limit=limit, argv=[*argv[:2], "--windows", "8", "16", *argv[4:], str(out)])
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(SRC_ROOT)}
+    )
+    assert result.returncode == 2, result.stderr
+    assert "File too large" in result.stderr.strip().splitlines()[-1]
+    report = json.loads((out / "results.json").read_text())
+    assert report["finished"] is False and [row["window_size"] for row in report["rows"]] == [8]
+    assert (out / "results.md").read_text().startswith("Unfinished run")
+    assert not [path.name for path in out.iterdir() if path.name.startswith(".tmp")]
+
+
+def test_a_model_with_non_finite_weights_is_refused_by_name(saved_models, tmp_path, capsys):
+    root, models, tokenizer = saved_models
+    broken = GPT2LMHeadModel(models["baseline"].config)
+    with torch.no_grad():
+        broken.transformer.h[1].mlp.c_fc.weight[0, 0] = float("nan")
+    broken.save_pretrained(tmp_path / "broken")
+    tokenizer.save_pretrained(tmp_path / "broken")
+    argv = ["evaluate", str(tmp_path / "broken"), "--windows", "8", *STDLIB_DOCUMENT]
+    error = user_error(capsys, [*argv, "--output_dir", str(tmp_path / "out")])
+    assert "has non-finite weights (NaN or inf) in transformer.h.1.mlp.c_fc.weight" in error

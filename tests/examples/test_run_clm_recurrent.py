@@ -21,10 +21,12 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Trai
 from hf_recurrence import RecurrentGPT2LMHeadModel
 from hf_recurrence.data import TokenBlocks, WindowedBlocksCollator, token_stream
 from hf_recurrence.outputs import (
+    MANIFEST_NAME,
     MODEL_FOLDER_FILES,
     TRAINING_RUN_FILES,
     OutputDirArguments,
     UsageError,
+    finish_output_dir,
     prepare_training_output_dir,
 )
 
@@ -180,15 +182,23 @@ def output_dir_arguments(output_dir: Path, **arguments) -> TrainingArguments:
     return TrainingArguments(output_dir=str(output_dir), use_cpu=True, report_to="none", **arguments)
 
 
+WRITER = "run_clm_recurrent.py"
+
+
 def test_overwrite_output_dir_removes_the_earlier_run_only(tmp_path):
+    owned, arguments = MODEL_FOLDER_FILES + TRAINING_RUN_FILES, output_dir_arguments(tmp_path)
+    prepare_training_output_dir(arguments, owned, OutputDirArguments(), writer=WRITER)
     for name in ("checkpoint-30", "runs"):
         (tmp_path / name).mkdir()
-    for name in ("model.safetensors", "trainer_state.json", "train_results.json", "notes.txt"):
+    for name in ("model.safetensors", "trainer_state.json", "train_results.json"):
         (tmp_path / name).write_text("earlier")
-    prepare_training_output_dir(
-        output_dir_arguments(tmp_path), MODEL_FOLDER_FILES + TRAINING_RUN_FILES, OutputDirArguments(True)
-    )
-    assert [path.name for path in tmp_path.iterdir()] == ["notes.txt"]
+    finish_output_dir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match=r"no earlier run of run_clm_recurrent.py wrote there \(notes.txt\)"):
+        prepare_training_output_dir(arguments, owned, OutputDirArguments(True), writer=WRITER)
+    (tmp_path / "notes.txt").unlink()
+    prepare_training_output_dir(arguments, owned, OutputDirArguments(True), writer=WRITER)
+    assert [path.name for path in tmp_path.iterdir()] == [MANIFEST_NAME]
 
 
 def test_resuming_continues_in_its_own_folder(tmp_path):
@@ -196,9 +206,9 @@ def test_resuming_continues_in_its_own_folder(tmp_path):
     checkpoint.mkdir()
     owned = MODEL_FOLDER_FILES + TRAINING_RUN_FILES
     resuming = output_dir_arguments(tmp_path, resume_from_checkpoint=str(checkpoint))
-    prepare_training_output_dir(resuming, owned, OutputDirArguments())
+    prepare_training_output_dir(resuming, owned, OutputDirArguments(), writer=WRITER)
     with pytest.raises(UsageError, match="would remove --resume_from_checkpoint"):
-        prepare_training_output_dir(resuming, owned, OutputDirArguments(overwrite_output_dir=True))
+        prepare_training_output_dir(resuming, owned, OutputDirArguments(overwrite_output_dir=True), writer=WRITER)
     assert checkpoint.is_dir()
 
 

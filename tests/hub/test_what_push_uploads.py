@@ -84,3 +84,46 @@ def test_an_unreachable_hub_or_a_bad_token_is_one_line(training_run, capsys, mon
     assert "401 Unauthorized" in user_error(capsys, ["push", str(folder), "alice/denied", "--token", "hf_not_a_token"])
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
     assert "cannot reach the Hub at http://127.0.0.1:9" in user_error(capsys, ["push", str(folder), "alice/x"])
+
+
+def test_push_uploads_exactly_the_checkpoint_and_says_so_first(tmp_path, caplog, capsys):
+    folder = tmp_path / "model"
+    model = RecurrentGPT2LMHeadModel(tiny_recurrent_config())
+    model.save_pretrained(folder)
+    stdlib_tokenizer().save_pretrained(folder)
+    checkpoint = {path.name for path in folder.iterdir()}
+    # The model code imports a sibling file: it is part of the checkpoint too.
+    modeling = folder / "modeling_recurrent_gpt2.py"
+    modeling.write_text(modeling.read_text() + "\nfrom .helpers_recurrent_gpt2 import HELPER  # noqa\n")
+    (folder / "helpers_recurrent_gpt2.py").write_text("HELPER = 1\n")
+    (folder / "my_secrets.py").write_text(f"TOKEN = {SECRET!r}\n")
+    (folder / "notes.txt").write_text("my notes")
+    outside = tmp_path / "bashrc"
+    outside.write_text(f"export HF_TOKEN={SECRET}\n")
+    (folder / "tokenizer.model").symlink_to(outside)
+    with torch.no_grad():
+        model(torch.randint(0, 99, (1, 12))).past_key_values.save(folder / "state.safetensors")
+
+    capsys.readouterr()
+    with caplog.at_level(logging.WARNING, logger="hf_recurrence.hub"):
+        assert main(["push", str(folder), "alice/exact"]) == 0
+    uploaded = set(HfApi().list_repo_files("alice/exact")) - {".gitattributes"}
+    assert uploaded == {*checkpoint, "helpers_recurrent_gpt2.py", "README.md"}
+    for name in uploaded:
+        assert SECRET.encode() not in Path(hf_hub_download("alice/exact", name)).read_bytes(), name
+    printed = capsys.readouterr().out
+    assert printed.index("Uploading from") < printed.index("Pushed")
+    assert "helpers_recurrent_gpt2.py" in printed and "README.md (the model card" in printed
+    (left_out,) = [record.getMessage() for record in caplog.records if "Not uploaded" in record.getMessage()]
+    assert "(a symlink pointing out of the folder): tokenizer.model" in left_out
+    assert "(a saved recurrent state, which holds the text it read; --include its exact name): state.safetensors" in (
+        left_out
+    )
+    assert "--include a pattern to add it): my_secrets.py, notes.txt" in left_out
+
+    # --include adds files; a state file only by its exact name, and never the symlink out of the folder.
+    assert main(["push", str(folder), "alice/included", "--include", "*.txt", "--include", "*.safetensors"]) == 0
+    assert set(HfApi().list_repo_files("alice/included")) >= {"notes.txt"}
+    assert not {"state.safetensors", "tokenizer.model"} & set(HfApi().list_repo_files("alice/included"))
+    assert main(["push", str(folder), "alice/with-state", "--include", "state.safetensors"]) == 0
+    assert "state.safetensors" in HfApi().list_repo_files("alice/with-state")

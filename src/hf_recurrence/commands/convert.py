@@ -6,19 +6,31 @@ A GPT-2 becomes a recurrent GPT-2; a Llama-architecture model (a folder, or a GG
 recurrence module (layer weights and the small FFN) is new and randomly initialised, so the converted model's first
 window reproduces the original's logits. Fine-tune it afterwards (see examples/language-modeling/run_clm_recurrent.py)
 so that the recurrence learns to carry context.
+
+The tokenizer is saved beside the model: a GPT-2 or Llama checkpoint without tokenizer files is refused unless
+--tokenizer names one. A non-empty output_dir is refused unless --overwrite is given, and then only if an earlier
+convert wrote it (see hf_recurrence.outputs).
 """
 
 import argparse
+import pickle
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from transformers import AutoConfig, AutoTokenizer
+from safetensors import SafetensorError
+from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..models import RecurrentGPT2Config, RecurrentGPT2LMHeadModel, RecurrentLlamaConfig, RecurrentLlamaForCausalLM
-from ..outputs import MODEL_FOLDER_FILES, TRAINING_RUN_FILES, UsageError, prepare_output_dir
+from ..outputs import MODEL_FOLDER_FILES, TRAINING_RUN_FILES, UsageError, finish_output_dir, prepare_output_dir
 from ..smollm2 import recurrent_llama_from_gguf
 from ..transfo_xl_conversion import convert_transfo_xl, is_legacy_checkpoint
 
 
+# What `convert` writes its output folder's manifest as (see hf_recurrence.outputs).
+WRITER = "hf-recurrence convert"
+# The files one of which a local tokenizer folder holds (a fast tokenizer, BPE vocabularies, SentencePiece, WordPiece).
+VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "vocab.txt")
 # Settings only the recurrent Llama has.
 LLAMA_ONLY_SETTINGS = tuple(
     name for name in RecurrentLlamaConfig.family_settings if name not in RecurrentGPT2Config.family_settings
@@ -66,9 +78,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--segment_length", type=int, help="4.x TransfoXL only: tokens per segment (default: its mem_len)."
     )
     parser.add_argument("--gguf_file", help="GGUF file inside model_name_or_path (a Llama, e.g. SmolLM2).")
+    parser.add_argument(
+        "--tokenizer",
+        help="Tokenizer folder or Hub repo to save with the model, for a checkpoint without its own (default: the "
+        "checkpoint's).",
+    )
     parser.add_argument("--revision", default=None, help="Hub revision of the source checkpoint.")
     parser.add_argument(
-        "--overwrite", action="store_true", help="Write into a non-empty output_dir, replacing the model there."
+        "--overwrite",
+        action="store_true",
+        help="Replace what an earlier run of this command wrote in output_dir (a folder holding anything else is refused).",
     )
 
 
@@ -100,11 +119,26 @@ def _load_folder(args: argparse.Namespace, settings: dict):
             f"{args.model_name_or_path} is not a complete checkpoint: these weights were missing and would be "
             f"random: {unexpected_new}"
         )
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, revision=args.revision)
-    except OSError:
-        tokenizer = None
+    if args.tokenizer is None:
+        tokenizer = _load_tokenizer(args.model_name_or_path, args.revision)
+    else:
+        tokenizer = _load_tokenizer(args.tokenizer, None)
     return model, tokenizer, len(info["missing_keys"])
+
+
+def _load_tokenizer(source: str, revision: str | None) -> PreTrainedTokenizerBase:
+    """The tokenizer of the folder or Hub repo `source`, refused when there is none: for a GPT-2 folder without
+    tokenizer files transformers builds one that knows no text, and `generate` would then print the prompt back."""
+    way_out = "pass --tokenizer FOLDER_OR_REPO with the tokenizer the checkpoint was trained with"
+    if Path(source).is_dir() and not any((Path(source) / name).is_file() for name in VOCABULARY_FILES):
+        raise UsageError(f"{source} has no tokenizer files (none of {', '.join(VOCABULARY_FILES)}); {way_out}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+    except OSError as error:
+        raise UsageError(f"cannot load a tokenizer from {source}: {error}; {way_out}") from error
+    if len(tokenizer) <= len(tokenizer.all_special_tokens):
+        raise UsageError(f"the tokenizer of {source} knows no tokens but its special ones; {way_out}")
+    return tokenizer
 
 
 def _load_gguf(gguf: Path, settings: dict):
@@ -118,11 +152,15 @@ def _load_gguf(gguf: Path, settings: dict):
 
 
 def _convert_transfo_xl(args: argparse.Namespace, settings: dict) -> int:
-    if settings:
-        raise UsageError(f"--{', --'.join(settings)} apply to GPT-2 and Llama checkpoints, not to a TransfoXL one")
-    model = convert_transfo_xl(args.model_name_or_path, segment_length=args.segment_length)
-    prepare_output_dir(args.output_dir, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, overwrite=args.overwrite)
-    model.save_pretrained(args.output_dir)
+    if settings or args.tokenizer:
+        given = [*settings, *(["tokenizer"] if args.tokenizer else [])]
+        raise UsageError(f"--{', --'.join(given)} apply to GPT-2 and Llama checkpoints, not to a TransfoXL one")
+    with _unsafe_pickles_refused(args.model_name_or_path):
+        model = convert_transfo_xl(args.model_name_or_path, segment_length=args.segment_length)
+    prepare_output_dir(
+        args.output_dir, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, writer=WRITER, overwrite=args.overwrite
+    )
+    _save(args.output_dir, model)
     config = model.config
     print(
         f"Saved a Transformer-XL (cutoffs={config.cutoffs}, div_val={config.div_val}, mem_len={config.mem_len}, "
@@ -142,13 +180,14 @@ def run(args: argparse.Namespace) -> int:
     if args.segment_length is not None:
         raise UsageError("--segment_length applies to transformers 4.x TransfoXL checkpoints only")
     gguf = _gguf_path(args)
-    model, tokenizer, new_tensors = _load_gguf(gguf, settings) if gguf else _load_folder(args, settings)
-    prepare_output_dir(args.output_dir, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, overwrite=args.overwrite)
-    model.save_pretrained(args.output_dir)
-    if tokenizer is None:
-        print(f"No tokenizer found with {args.model_name_or_path}; saved the model only.")
-    else:
-        tokenizer.save_pretrained(args.output_dir)
+    if gguf and args.tokenizer:
+        raise UsageError("--tokenizer does not apply to a GGUF file, which holds its tokenizer")
+    with _unsafe_pickles_refused(args.model_name_or_path):
+        model, tokenizer, new_tensors = _load_gguf(gguf, settings) if gguf else _load_folder(args, settings)
+    prepare_output_dir(
+        args.output_dir, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, writer=WRITER, overwrite=args.overwrite
+    )
+    _save(args.output_dir, model, tokenizer)
     config = model.config
     family = "Llama" if isinstance(model, RecurrentLlamaForCausalLM) else "GPT-2"
     print(
@@ -157,3 +196,31 @@ def run(args: argparse.Namespace) -> int:
         f"{new_tensors} tensors of the recurrence module."
     )
     return 0
+
+
+@contextmanager
+def _unsafe_pickles_refused(source: str) -> Iterator[None]:
+    """Turn the refusal to unpickle a checkpoint that holds more than tensors into one line."""
+    try:
+        yield
+    except pickle.UnpicklingError:
+        # torch's message advises weights_only=False, which would run the pickle's code: never give that advice.
+        raise UsageError(
+            f"{source}: its pickled weights (pytorch_model.bin) hold objects other than tensors, which loading "
+            "would run as code; refused. Get the checkpoint as safetensors from a source you trust"
+        ) from None
+
+
+def _save(output_dir: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
+    """Save the converted checkpoint, a failed write (a full disk) ending in one line, and record the folder as
+    convert's (see hf_recurrence.outputs)."""
+    try:
+        model.save_pretrained(output_dir)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(output_dir)
+    except (OSError, SafetensorError) as error:
+        raise UsageError(
+            f"cannot write the converted checkpoint to {output_dir}: {error}. Make room, then run the same command "
+            "with --overwrite, which removes this partial output"
+        ) from None
+    finish_output_dir(output_dir)

@@ -4,8 +4,10 @@ Each document is read in windows of T tokens that repeat the last o tokens of th
 the first is predicted once. Stock models run every (window, overlap) pair of the grid. Recurrent models run their
 own schedule and only at the overlap they were trained with (config.window_overlap): other overlaps of the grid are
 skipped for them, with a note. Every model and grid point is checked before the first evaluation. Prints a Markdown
-table and writes results.json and results.md to --output_dir after each evaluation, and perplexity_vs_flops.png at
-the end. A non-empty --output_dir is refused unless --overwrite is given (which replaces those three files).
+table and writes results.json and results.md to --output_dir after each evaluation (atomically, marked unfinished
+until the last one), and perplexity_vs_flops.png at the end. A model with NaN or infinite weights is refused. A
+non-empty --output_dir is refused unless --overwrite is given, and then only if an earlier evaluate wrote it (which
+replaces what that run wrote there).
 
 Example:
     hf-recurrence evaluate ./baseline ./recurrent --windows 64 128 --overlaps 0 16 32 \\
@@ -13,14 +15,16 @@ Example:
 """
 
 import argparse
+import math
 from pathlib import Path
 
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedConfig
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedConfig, PreTrainedModel
 
 from ..data import stdlib_split
 from ..evaluation import RECURRENT_MODEL_TYPES, plot_perplexity_vs_flops, windowed_perplexity, write_report
 from ..evaluation.perplexity import resolve_schedule
-from ..outputs import REPORT_FILES, UsageError, prepare_output_dir
+from ..outputs import REPORT_FILES, UsageError, finish_output_dir, prepare_output_dir
 
 
 # --corpus choice -> split of the standard library documents (hf_recurrence.data.stdlib_split)
@@ -47,7 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch_size", type=int, default=8, help="Windows per forward for stock models.")
     parser.add_argument("--output_dir", type=Path, required=True, help="Where results and the plot are written.")
     parser.add_argument(
-        "--overwrite", action="store_true", help="Write into a non-empty output_dir, replacing earlier results."
+        "--overwrite",
+        action="store_true",
+        help="Replace what an earlier run of this command wrote in output_dir (a folder holding anything else is refused).",
     )
 
 
@@ -62,28 +68,43 @@ def run(args: argparse.Namespace) -> int:
     if not encoded:
         raise UsageError(f"No document of at least 2 tokens among the {len(texts)} read")
     documents, texts = [ids for ids, _ in encoded], [text for _, text in encoded]
-    prepare_output_dir(args.output_dir, REPORT_FILES, overwrite=args.overwrite)
+    prepare_output_dir(args.output_dir, REPORT_FILES, writer="hf-recurrence evaluate", overwrite=args.overwrite)
     print(f"{len(documents)} documents, {sum(map(len, documents)):,} tokens")
 
     rows = []
     for path, grid in grids.items():
         model = AutoModelForCausalLM.from_pretrained(path)
+        check_finite_weights(model, path)
         for window_size, overlap in grid:
             result = windowed_perplexity(
                 model, documents, window_size, overlap, text=texts, batch_size=args.batch_size
             )
+            if not math.isfinite(result.perplexity):
+                raise UsageError(
+                    f"MODEL {path} gives perplexity {result.perplexity} at window {window_size}, overlap {overlap}: "
+                    f"its losses overflow; the rows before it are in {args.output_dir / 'results.json'}"
+                )
             rows.append({"model": Path(path).name or path, "path": str(path), **result.to_dict()})
             # Written after every evaluation, so that a later failure loses nothing finished.
-            table = write_report(args.output_dir, rows)
+            write_report(args.output_dir, rows, finished=False)
         del model
 
+    table = write_report(args.output_dir, rows, finished=True)
     print(f"\n{table}\n")
     # The analytic FLOPs count covers GPT-2-shaped models only; other models stay in the table but not the plot.
     plottable = [row for row in rows if row["flops_per_token"] is not None]
     if plottable:
         plot_perplexity_vs_flops(plottable, args.output_dir / "perplexity_vs_flops.png")
+    finish_output_dir(args.output_dir)
     print(f"Results in {args.output_dir}")
     return 0
+
+
+def check_finite_weights(model: PreTrainedModel, path: str) -> None:
+    """Refuse a model whose weights hold NaN or inf: every perplexity it gives would be NaN."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise UsageError(f"MODEL {path} has non-finite weights (NaN or inf) in {name}; it cannot be evaluated")
 
 
 def checked_grid(path: str, windows: list[int] | None, overlaps: list[int] | None) -> list[tuple[int, int]]:

@@ -21,7 +21,9 @@ OPTION_CLASSES = (preset_options(PretrainingSettings),)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output_dir", type=Path, required=True, help="Where the model and tokenizer are saved.")
     parser.add_argument(
-        "--overwrite", action="store_true", help="Write into a non-empty output_dir, replacing the model there."
+        "--overwrite",
+        action="store_true",
+        help="Replace what an earlier run of this command wrote in output_dir (a folder holding anything else is refused).",
     )
 
 

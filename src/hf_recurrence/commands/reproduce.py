@@ -85,7 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--output_dir", type=Path, default=Path("outputs/reproduce"), help="Where results go.")
     parser.add_argument(
-        "--overwrite", action="store_true", help="Write into a non-empty output_dir, replacing earlier results."
+        "--overwrite",
+        action="store_true",
+        help="Replace what an earlier run of this command wrote in output_dir (a folder holding anything else is refused).",
     )
 
 

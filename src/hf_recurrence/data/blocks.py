@@ -57,9 +57,11 @@ class WindowedBlocksCollator:
 
     def __call__(self, examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         blocks = torch.stack([example["input_ids"] for example in examples])  # (batch, block_size)
+        # The examples' own labels where they have them (some tokens may be left out with -100), else the ids.
+        targets = torch.stack([example.get("labels", example["input_ids"]) for example in examples])
         stride = self.window_size - self.window_overlap
         windows = blocks.unfold(1, self.window_size, stride)  # (batch, windows_per_block, window_size)
-        labels = windows.clone()
+        labels = targets.unfold(1, self.window_size, stride).clone()
         labels[:, 1:, : self.window_overlap] = -100
         return {
             "input_ids": windows.reshape(-1, self.window_size),  # (batch * windows_per_block, window_size)

@@ -50,14 +50,17 @@ class Book(NamedTuple):
         return len(self.text.split())
 
 
-def books_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where downloaded book packages live: `cache_dir`, else `$HF_RECURRENCE_CACHE/books`, else
-    `$XDG_CACHE_HOME/hf_recurrence/books` (`~/.cache/hf_recurrence/books` by default)."""
-    if cache_dir is not None:
-        return Path(cache_dir)
+def cache_root() -> Path:
+    """The package's cache folder: `$HF_RECURRENCE_CACHE`, else `$XDG_CACHE_HOME/hf_recurrence`
+    (`~/.cache/hf_recurrence` by default)."""
     if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]) / "books"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hf_recurrence" / "books"
+        return Path(os.environ[CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hf_recurrence"
+
+
+def books_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where downloaded book packages live: `cache_dir`, else `books` in [`cache_root`]."""
+    return Path(cache_dir) if cache_dir is not None else cache_root() / "books"
 
 
 def _run(command: list[str], cwd: Path, what: str) -> None:

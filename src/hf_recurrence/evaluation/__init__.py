@@ -4,7 +4,14 @@ plots of the paper's evaluation (Yoshida et al. 2020)."""
 from pathlib import Path
 
 from .flops import flops_per_token
-from .perplexity import RECURRENT_MODEL_TYPES, TokenNLL, WindowedPerplexity, window_schedule, windowed_perplexity
+from .perplexity import (
+    RECURRENT_MODEL_TYPES,
+    TokenNLL,
+    WindowedPerplexity,
+    WindowPrefixed,
+    window_schedule,
+    windowed_perplexity,
+)
 from .report import format_table, plot_nll_by_window_position, plot_perplexity_vs_flops, write_report
 from .statistics import PairedBootstrap, nll_by_window_position, paired_bootstrap, segment_sums
 
@@ -17,6 +24,7 @@ __all__ = [
     "RECURRENT_MODEL_TYPES",
     "PairedBootstrap",
     "TokenNLL",
+    "WindowPrefixed",
     "WindowedPerplexity",
     "flops_per_token",
     "format_table",

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field, fields
 import torch
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel
-from transformers.utils import logging
+from transformers import PreTrainedConfig, PreTrainedModel
+from transformers.utils import ModelOutput, logging
 
 from .flops import FLOPS_MODEL_TYPES, check_schedule, flops_per_token
 
@@ -174,6 +174,46 @@ def windowed_perplexity(
         word_perplexity=math.exp(total_nll / num_words) if num_words else None,
         token_nll=token_nll,
     )
+
+
+class WindowPrefixed(nn.Module):
+    """A stock causal LM that reads the same `prefix` token ids before every window it is given and returns the
+    logits of the window's own positions: with [`windowed_perplexity`], the reference of a fixed window start (a
+    BOS-like token, a short prompt) that costs no training. Its FLOPs per token are those of windows of
+    `window_size + len(prefix)` positions of which `len(prefix)` are re-read:
+    `flops_per_token(config, window_size + len(prefix), len(prefix))`.
+    """
+
+    def __init__(self, model: PreTrainedModel, prefix_ids: Sequence[int]):
+        super().__init__()
+        if not len(prefix_ids):
+            raise ValueError("prefix_ids is empty: a window prefix needs at least one token")
+        self.model = model
+        self.register_buffer("prefix_ids", torch.as_tensor(list(prefix_ids), dtype=torch.long), persistent=False)
+
+    @property
+    def config(self) -> PreTrainedConfig:
+        return self.model.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> ModelOutput:
+        """`kwargs` (e.g. `use_cache`) go to the model unchanged."""
+        prefix = self.prefix_ids.to(input_ids.device).expand(input_ids.shape[0], -1)  # (batch, prefix)
+        ids = torch.cat([prefix, input_ids], dim=1)  # (batch, prefix + window)
+        if attention_mask is not None:
+            attention_mask = torch.cat([torch.ones_like(prefix), attention_mask.to(prefix.dtype)], dim=1)
+        # Never the prefix's logits: at most the window's positions.
+        keep = logits_to_keep or input_ids.shape[1]
+        return self.model(input_ids=ids, attention_mask=attention_mask, logits_to_keep=keep, **kwargs)
 
 
 def _as_documents(input_ids) -> list[torch.Tensor]:

@@ -8,6 +8,8 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..outputs import write_atomically
+
 
 # (row key, column header, format) of the table, in order; word perplexity only where some row has it.
 TABLE_COLUMNS = (
@@ -43,14 +45,22 @@ def format_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_report(output_dir: Path, rows: Sequence[dict], summary: Sequence[str] = (), **header) -> str:
-    """Write `results.json` (`header`'s fields, then `rows`) and `results.md` (the table of `rows`, then one bullet
-    per `summary` line) to `output_dir`; return the table. Every command that evaluates writes its report this way,
-    after each evaluation, so a later failure loses nothing finished."""
+def write_report(
+    output_dir: Path, rows: Sequence[dict], summary: Sequence[str] = (), *, finished: bool, **header
+) -> str:
+    """Write `results.json` (`finished`, `header`'s fields, then `rows`) and `results.md` (the table of `rows`, then
+    one bullet per `summary` line) to `output_dir`; return the table. Every command that evaluates writes its report
+    this way, after each evaluation with `finished=False` (so a later failure loses nothing finished, and the files
+    say that more rows were to come), and once more with `finished=True` at the end. Each file is replaced
+    atomically: a run killed mid-write, or a full disk, leaves the previous complete version."""
     table = format_table(rows)
-    (output_dir / "results.json").write_text(json.dumps({**header, "rows": list(rows)}, indent=2) + "\n")
-    (output_dir / "results.md").write_text(
-        table + "\n" + ("\n" + "".join(f"- {line}\n" for line in summary) if summary else "")
+    write_atomically(
+        output_dir / "results.json", json.dumps({"finished": finished, **header, "rows": list(rows)}, indent=2) + "\n"
+    )
+    unfinished = "" if finished else "Unfinished run: the rows so far.\n\n"
+    write_atomically(
+        output_dir / "results.md",
+        unfinished + table + "\n" + ("\n" + "".join(f"- {line}\n" for line in summary) if summary else ""),
     )
     return table
 

@@ -70,3 +70,19 @@ def test_cache_implementation_is_refused_with_the_reason(cache_implementation):
         make_model().generate(
             torch.randint(1, 99, (1, 4)), max_new_tokens=3, cache_implementation=cache_implementation
         )
+
+
+def test_generating_past_max_position_embeddings_gives_no_maximum_length_warning():
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging
+
+    model = make_model()
+    prompt = torch.randint(1, 99, (1, 5))
+    # The reminder is logged once per process: forget an earlier test's, so that this generation would log it again.
+    logging.get_logger("transformers").warning_once.__func__.cache_clear()
+    with CaptureLogger(logging.get_logger("transformers.generation.stopping_criteria")) as captured:
+        generated = model.generate(
+            prompt, max_new_tokens=2 * model.config.max_position_embeddings, min_new_tokens=32, do_sample=False
+        )
+    assert generated.shape[1] > model.config.max_position_embeddings
+    assert "maximum length" not in captured.out

@@ -59,7 +59,13 @@ class TestConfig:
         assert config.recurrence_hidden_sizes == [200, 200, 200]
         assert config.bptt_windows is None and config.h_prev_rope_position is None
         assert config.model_type == "recurrent_llama" and isinstance(config, LlamaConfig)
-        assert set(config.auto_map) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM"}
+        assert set(config.auto_map) == {
+            "AutoConfig",
+            "AutoModel",
+            "AutoModelForCausalLM",
+            "AutoModelForSequenceClassification",
+            "AutoModelForTokenClassification",
+        }
 
     def test_changed_after_construction_is_refused_by_the_model(self):
         config = tiny_recurrent_llama_config()

@@ -101,6 +101,11 @@ class RecurrentGPT2Config(GPT2Config):
                 f"Converting the GPT-2 config of {pretrained_model_name_or_path} into a recurrent GPT-2 config"
             )
             config_dict = {**config_dict, "model_type": cls.model_type}
+            # It has no window yet: the family's defaults (or from_pretrained's settings) are meant, unlike in a
+            # recurrent checkpoint whose config lacks them (see `from_dict`).
+            config_dict.setdefault("window_overlap", cls.window_overlap)
+            if "n_positions" in config_dict:
+                config_dict.setdefault("window_size", min(cls.window_size, config_dict["n_positions"]))
         return config_dict, kwargs
 
     @classmethod
@@ -111,6 +116,15 @@ class RecurrentGPT2Config(GPT2Config):
         for name in cls.family_settings:
             if name in kwargs:
                 config_dict[name] = kwargs.pop(name)
+        missing = [name for name in ("window_size", "window_overlap") if name not in config_dict]
+        if missing and config_dict.get("model_type") == cls.model_type:
+            # Every recurrent checkpoint saved by this package records its window; one that does not was edited
+            # or written elsewhere, and the defaults may not be what it was trained with.
+            logger.warning(
+                f"This {cls.model_type} config has no {' or '.join(missing)}: running with the defaults "
+                f"(window_size={cls.window_size} or the position table if shorter, window_overlap="
+                f"{cls.window_overlap}). Set them in config.json to the values the model was trained with"
+            )
         if "window_size" not in config_dict and "n_positions" in config_dict:
             # A GPT-2 config converted without a window: the paper's 300 tokens, or the whole position table if that
             # is shorter (PEFT and AutoConfig reload a converted model's base config exactly this way).

@@ -7,12 +7,13 @@ the only new parameters live under `transformer.recurrence`."""
 import json
 import math
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
@@ -119,17 +120,31 @@ _STATE_HEADER_KEY = "hf_recurrence_state"
 def _write_state_file(
     path: str | os.PathLike, tensors: dict[str, torch.Tensor], header: dict, overwrite: bool
 ) -> None:
-    """Write `tensors` and the JSON `header` to a safetensors file, through a temporary file so that a failed write
-    never leaves half a state behind; an existing file is replaced only with `overwrite=True`."""
+    """Write `tensors` and the JSON `header` to a safetensors file, readable by its owner only (it holds what the
+    model read). The file is written under a temporary name beside `path` and put in place in one step, so a failed
+    write never leaves half a state or a temporary file behind. Without `overwrite` the final name is created
+    exclusively (a hard link fails if the name exists), so of two writers of one path only one succeeds."""
     path = Path(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
     header = {**header, "format_version": STATE_FILE_FORMAT_VERSION}
     # safetensors refuses tensors that share memory (a fresh state repeats one empty cache tensor per layer).
     owned = {name: t.detach().contiguous().clone() for name, t in tensors.items()}
-    partial = path.with_name(path.name + ".partial")
-    save_file(owned, str(partial), metadata={_STATE_HEADER_KEY: json.dumps(header, sort_keys=True)})
-    partial.replace(path)
+    descriptor, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    os.close(descriptor)
+    try:
+        save_file(owned, partial, metadata={_STATE_HEADER_KEY: json.dumps(header, sort_keys=True)})
+        if overwrite:
+            os.replace(partial, path)
+        else:
+            try:
+                os.link(partial, path)
+            except FileExistsError:
+                raise FileExistsError(
+                    f"{path} was created by another writer meanwhile; pass overwrite=True to replace it"
+                ) from None
+    finally:
+        Path(partial).unlink(missing_ok=True)
 
 
 def _read_state_file(
@@ -139,14 +154,23 @@ def _read_state_file(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No state file at {path}")
-    with safe_open(str(path), framework="pt", device="cpu" if device is None else str(device)) as file:
-        raw = (file.metadata() or {}).get(_STATE_HEADER_KEY)
-        if raw is None:
-            raise ValueError(
-                f"{path} is not a saved recurrent state: its safetensors header has no {_STATE_HEADER_KEY!r}"
-            )
+    try:
+        with safe_open(str(path), framework="pt", device="cpu" if device is None else str(device)) as file:
+            raw = (file.metadata() or {}).get(_STATE_HEADER_KEY)
+            if raw is None:
+                # Refused before reading any tensor: a weights file may be large.
+                raise ValueError(
+                    f"{path} is not a saved recurrent state: its safetensors header has no {_STATE_HEADER_KEY!r}"
+                )
+            tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 (no __iter__)
+    except SafetensorError as error:
+        raise ValueError(f"{path} is not a safetensors file: {error}") from None
+    try:
         header = json.loads(raw)
-        tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    except (ValueError, RecursionError) as error:
+        raise ValueError(f"{path} has a malformed state header ({_STATE_HEADER_KEY!r}): {error}") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path} has a malformed state header: a JSON {type(header).__name__}, not an object")
     if header.get("family") != family:
         raise ValueError(
             f"{path} holds a state of the {header.get('family')!r} family; this model family is {family!r}"
@@ -159,15 +183,39 @@ def _read_state_file(
     return tensors, header
 
 
-def _check_state_model_shape(saved: dict, expected: dict, path: str | os.PathLike) -> None:
-    """Refuse a state saved by a model of another shape (layers, heads, sizes), naming every difference."""
+def _header_int(header: dict, name: str, source: object, minimum: int = 0) -> int:
+    """The whole number `header[name]`, refused unless it is one (not a bool, float or string) and >= `minimum`."""
+    value = header.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(
+            f"{source} has a malformed {name!r} in its header: {value!r}, expected an integer >= {minimum}"
+        )
+    return value
+
+
+def _check_finite(tensors: dict[str, torch.Tensor], source: object) -> None:
+    """Refuse NaN or infinite values, which no run of the model leaves in a state and which would reach the logits."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{source} has non-finite values (NaN or inf) in {name!r}")
+
+
+def _check_state_fits(found: dict, expected: dict, source: object) -> None:
+    """Refuse a state of another model shape (layers, heads, sizes), batch size or dtype than `expected`, naming every
+    difference in one error."""
+    found = found if isinstance(found, dict) else {}
     differences = [
-        f"{key}={saved.get(key)!r} (this model: {value!r})"
+        f"{key}={found.get(key)!r} ({'the input' if key == 'batch_size' else 'this model'}: {value!r})"
         for key, value in expected.items()
-        if saved.get(key) != value
+        if found.get(key) != value
     ]
     if differences:
-        raise ValueError(f"{path} was saved by a model of another shape: " + ", ".join(differences))
+        cast = found.get("dtype") != expected.get("dtype") and "dtype" in expected
+        raise ValueError(
+            f"{source} does not fit this model: "
+            + ", ".join(differences)
+            + ("; cast the state with state.to(dtype=...) or load the model in the state's dtype" if cast else "")
+        )
 
 
 def _document_starts(position_ids: torch.Tensor | None, real: torch.Tensor, continuing: bool) -> torch.Tensor | None:
@@ -390,6 +438,13 @@ class RecurrentGPT2State:
     window whatever the length read. Tensors keep their autograd history; call `detach()` between calls to truncate
     backpropagation through time.
 
+    The state holds the text it read: `overlap_embeds` are rows of the embedding table, so a nearest-neighbour search
+    against it recovers the last `window_overlap` tokens verbatim, and the key/value cache encodes the current window.
+    Treat a state (and a file written by `save()`) as you would the text itself.
+
+    A state is not thread-safe: every call updates it in place, so two threads must not run the model on one state at
+    once (a model is thread-safe in eval mode; give each thread its own state).
+
     Example:
 
     ```python
@@ -458,6 +513,11 @@ class RecurrentGPT2State:
     @property
     def batch_size(self) -> int:
         return self.fill.shape[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the model this state runs with (its float tensors but the float32 pooled sum)."""
+        return self.h_prev.dtype
 
     @property
     def window_size(self) -> int:
@@ -679,7 +739,7 @@ class RecurrentGPT2State:
         that produced it; that is not checked.
         """
         tensors, header = _read_state_file(path, config.model_type, device)
-        _check_state_model_shape(header.get("model_shape", {}), cls._config_model_shape(config), path)
+        _check_state_fits(header.get("model_shape"), cls._config_model_shape(config), path)
         return cls._from_file_contents(config, tensors, header, path)
 
     def _file_contents(self) -> tuple[dict[str, torch.Tensor], dict]:
@@ -711,8 +771,10 @@ class RecurrentGPT2State:
         cls, config: RecurrentGPT2Config, tensors: dict[str, torch.Tensor], header: dict, source: object
     ) -> "RecurrentGPT2State":
         """The state that `_file_contents` described, checked tensor by tensor against a fresh one's shapes."""
+        window_size = _header_int(header, "window_size", source, minimum=1)
+        window_overlap = _header_int(header, "window_overlap", source)
+        seen_tokens = _header_int(header, "seen_tokens", source)
         try:
-            window_size, window_overlap = header["window_size"], header["window_overlap"]
             batch = tensors["fill"].shape[0]
             layers = cls._config_model_shape(config)["layers"]
             keys = [tensors[f"keys.{i}"] for i in range(layers)]
@@ -720,7 +782,12 @@ class RecurrentGPT2State:
         except KeyError as error:
             raise ValueError(f"{source} is not a complete recurrent state: it lacks {error}") from None
         fill = tensors["fill"]
-        state = cls(config, batch, fill.device, keys[0].dtype, window_size=window_size, window_overlap=window_overlap)
+        try:
+            state = cls(
+                config, batch, fill.device, keys[0].dtype, window_size=window_size, window_overlap=window_overlap
+            )
+        except ValueError as error:
+            raise ValueError(f"{source} cannot run with this model: {error}") from None
         slots = tensors["slot_valid"].shape[1] if "slot_valid" in tensors else 0
         for name in cls._BATCH_TENSORS:
             fresh = getattr(state, name)
@@ -734,14 +801,22 @@ class RecurrentGPT2State:
             setattr(state, name, given)
         expected_cache = (batch, state.keys[0].shape[1], slots, state.keys[0].shape[3])
         for name, cache in (("keys", keys), ("values", values)):
-            if any(t.shape != expected_cache for t in cache):
+            if any(t.shape != expected_cache or t.dtype != state.dtype for t in cache):
                 raise ValueError(
-                    f"{source} has {name} of shapes {[tuple(t.shape) for t in cache]}, expected {expected_cache}"
+                    f"{source} has {name} of shapes {[tuple(t.shape) for t in cache]} and dtypes "
+                    f"{sorted({str(t.dtype) for t in cache})}, expected {expected_cache} {state.dtype}"
                 )
         state.keys, state.values = keys, values
-        state.seen_tokens = int(header.get("seen_tokens", 0))
+        state.seen_tokens = seen_tokens
+        state._check_values(source)
         lockstep = header.get("lockstep")
         if lockstep is not None:
+            if not (
+                isinstance(lockstep, list | tuple)
+                and len(lockstep) == 2
+                and all(isinstance(n, int) and not isinstance(n, bool) for n in lockstep)
+            ):
+                raise ValueError(f"{source} has a malformed 'lockstep' in its header: {lockstep!r}")
             fill, window_index = lockstep
             if not (bool((state.fill == fill).all()) and bool((state.window_index == window_index).all())):
                 raise ValueError(
@@ -752,12 +827,48 @@ class RecurrentGPT2State:
             state._lockstep = None
         return state
 
+    def _check_values(self, source: object) -> None:
+        """Refuse what no run of the model leaves in a state: non-finite tensors, window counters outside the window
+        or inconsistent with the cache and with `seen_tokens`."""
+        tensors, _ = self._file_contents()
+        _check_finite(tensors, source)
+        size, overlap = self.window_size, self.window_overlap
+        if bool(((self.fill < 0) | (self.fill > size)).any()) or bool((self.window_index < 0).any()):
+            raise ValueError(
+                f"{source} has 'fill' {self.fill.tolist()} or 'window_index' {self.window_index.tolist()} outside "
+                f"the window (0 <= fill <= window_size={size}, window_index >= 0)"
+            )
+        if not torch.equal(self.slot_valid.sum(1), self.fill):
+            raise ValueError(
+                f"{source} has 'fill' {self.fill.tolist()} but {self.slot_valid.sum(1).tolist()} valid cache slots "
+                "('slot_valid')"
+            )
+        # Tokens each row has read at least: its first window, then window_size - window_overlap new ones per window.
+        read = torch.where(
+            self.window_index > 0, size + (self.window_index - 1) * (size - overlap) + self.fill - overlap, self.fill
+        )
+        if bool((read > self.seen_tokens).any()):
+            raise ValueError(
+                f"{source} has 'seen_tokens'={self.seen_tokens}, fewer than its rows have read ({read.tolist()}, from "
+                "'window_index' and 'fill')"
+            )
+
     @classmethod
-    def adopt(cls, state: object, config: RecurrentGPT2Config) -> "RecurrentGPT2State":
-        """`state` as an instance of this class: itself, or a state of the same family built by another copy of this
-        class (the installed package's vs the one loaded as Hub remote code), rebuilt from its tensors (not copied)."""
-        if isinstance(state, cls):
-            return state
+    def adopt(
+        cls, state: object, config: RecurrentGPT2Config, batch_size: int, dtype: torch.dtype
+    ) -> "RecurrentGPT2State":
+        """`state` as an instance of this class, checked to fit a model with `config` reading `batch_size` rows in
+        `dtype`: itself, or a state of the same family built by another copy of this class (the installed package's
+        vs the one loaded as Hub remote code), rebuilt from its tensors (not copied) and checked as a file is."""
+        if not isinstance(state, cls):
+            state = cls._adopt_other_copy(state, config)
+        found = {**state._model_shape_of_tensors(), "batch_size": state.batch_size, "dtype": state.dtype}
+        expected = {**cls._config_model_shape(config), "batch_size": batch_size, "dtype": dtype}
+        _check_state_fits(found, expected, "past_key_values")
+        return state
+
+    @classmethod
+    def _adopt_other_copy(cls, state: object, config: RecurrentGPT2Config) -> "RecurrentGPT2State":
         if type(state).__name__ != cls.__name__ or getattr(state, "_family", None) != cls._family:
             # PEFT prefix tuning is the usual source of a transformers Cache here: it pre-fills one with its
             # virtual tokens, which a state bounded by one window has no place for.
@@ -768,10 +879,9 @@ class RecurrentGPT2State:
                 "supported; LoRA and prompt tuning are"
             )
         tensors, header = state._file_contents()
-        _check_state_model_shape(
-            header.get("model_shape", {}), cls._config_model_shape(config), type(state).__module__
-        )
-        return cls._from_file_contents(config, tensors, header, f"the {type(state).__module__} state")
+        source = f"the {type(state).__module__} state"
+        _check_state_fits(header.get("model_shape"), cls._config_model_shape(config), source)
+        return cls._from_file_contents(config, tensors, header, source)
 
     def __repr__(self) -> str:
         return (
@@ -1206,11 +1316,7 @@ class RecurrentGPT2Model(RecurrentGPT2PreTrainedModel):
         if past_key_values is None:
             past_key_values = RecurrentGPT2State(self.config, batch, inputs_embeds.device, inputs_embeds.dtype)
         else:
-            past_key_values = RecurrentGPT2State.adopt(past_key_values, self.config)
-            if past_key_values.batch_size != batch:
-                raise ValueError(
-                    f"past_key_values holds {past_key_values.batch_size} rows but the input has batch size {batch}"
-                )
+            past_key_values = RecurrentGPT2State.adopt(past_key_values, self.config, batch, inputs_embeds.dtype)
             self.config.check_window_schedule(past_key_values.window_size, past_key_values.window_overlap)
         if attention_mask is None:
             real = torch.ones(batch, length, dtype=torch.bool, device=inputs_embeds.device)

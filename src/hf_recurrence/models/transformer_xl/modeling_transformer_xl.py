@@ -6,12 +6,13 @@ positions with the u/v biases and the linear-cost relative shift. Plain softmax 
 import json
 import math
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
@@ -366,17 +367,31 @@ _STATE_HEADER_KEY = "hf_recurrence_state"
 def _write_state_file(
     path: str | os.PathLike, tensors: dict[str, torch.Tensor], header: dict, overwrite: bool
 ) -> None:
-    """Write `tensors` and the JSON `header` to a safetensors file, through a temporary file so that a failed write
-    never leaves half a state behind; an existing file is replaced only with `overwrite=True`."""
+    """Write `tensors` and the JSON `header` to a safetensors file, readable by its owner only (it holds what the
+    model read). The file is written under a temporary name beside `path` and put in place in one step, so a failed
+    write never leaves half a state or a temporary file behind. Without `overwrite` the final name is created
+    exclusively (a hard link fails if the name exists), so of two writers of one path only one succeeds."""
     path = Path(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
     header = {**header, "format_version": STATE_FILE_FORMAT_VERSION}
     # safetensors refuses tensors that share memory (a fresh state repeats one empty cache tensor per layer).
     owned = {name: t.detach().contiguous().clone() for name, t in tensors.items()}
-    partial = path.with_name(path.name + ".partial")
-    save_file(owned, str(partial), metadata={_STATE_HEADER_KEY: json.dumps(header, sort_keys=True)})
-    partial.replace(path)
+    descriptor, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    os.close(descriptor)
+    try:
+        save_file(owned, partial, metadata={_STATE_HEADER_KEY: json.dumps(header, sort_keys=True)})
+        if overwrite:
+            os.replace(partial, path)
+        else:
+            try:
+                os.link(partial, path)
+            except FileExistsError:
+                raise FileExistsError(
+                    f"{path} was created by another writer meanwhile; pass overwrite=True to replace it"
+                ) from None
+    finally:
+        Path(partial).unlink(missing_ok=True)
 
 
 # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._read_state_file
@@ -387,14 +402,23 @@ def _read_state_file(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No state file at {path}")
-    with safe_open(str(path), framework="pt", device="cpu" if device is None else str(device)) as file:
-        raw = (file.metadata() or {}).get(_STATE_HEADER_KEY)
-        if raw is None:
-            raise ValueError(
-                f"{path} is not a saved recurrent state: its safetensors header has no {_STATE_HEADER_KEY!r}"
-            )
+    try:
+        with safe_open(str(path), framework="pt", device="cpu" if device is None else str(device)) as file:
+            raw = (file.metadata() or {}).get(_STATE_HEADER_KEY)
+            if raw is None:
+                # Refused before reading any tensor: a weights file may be large.
+                raise ValueError(
+                    f"{path} is not a saved recurrent state: its safetensors header has no {_STATE_HEADER_KEY!r}"
+                )
+            tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 (no __iter__)
+    except SafetensorError as error:
+        raise ValueError(f"{path} is not a safetensors file: {error}") from None
+    try:
         header = json.loads(raw)
-        tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    except (ValueError, RecursionError) as error:
+        raise ValueError(f"{path} has a malformed state header ({_STATE_HEADER_KEY!r}): {error}") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path} has a malformed state header: a JSON {type(header).__name__}, not an object")
     if header.get("family") != family:
         raise ValueError(
             f"{path} holds a state of the {header.get('family')!r} family; this model family is {family!r}"
@@ -407,16 +431,42 @@ def _read_state_file(
     return tensors, header
 
 
-# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._check_state_model_shape
-def _check_state_model_shape(saved: dict, expected: dict, path: str | os.PathLike) -> None:
-    """Refuse a state saved by a model of another shape (layers, heads, sizes), naming every difference."""
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._header_int
+def _header_int(header: dict, name: str, source: object, minimum: int = 0) -> int:
+    """The whole number `header[name]`, refused unless it is one (not a bool, float or string) and >= `minimum`."""
+    value = header.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(
+            f"{source} has a malformed {name!r} in its header: {value!r}, expected an integer >= {minimum}"
+        )
+    return value
+
+
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._check_finite
+def _check_finite(tensors: dict[str, torch.Tensor], source: object) -> None:
+    """Refuse NaN or infinite values, which no run of the model leaves in a state and which would reach the logits."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{source} has non-finite values (NaN or inf) in {name!r}")
+
+
+# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._check_state_fits
+def _check_state_fits(found: dict, expected: dict, source: object) -> None:
+    """Refuse a state of another model shape (layers, heads, sizes), batch size or dtype than `expected`, naming every
+    difference in one error."""
+    found = found if isinstance(found, dict) else {}
     differences = [
-        f"{key}={saved.get(key)!r} (this model: {value!r})"
+        f"{key}={found.get(key)!r} ({'the input' if key == 'batch_size' else 'this model'}: {value!r})"
         for key, value in expected.items()
-        if saved.get(key) != value
+        if found.get(key) != value
     ]
     if differences:
-        raise ValueError(f"{path} was saved by a model of another shape: " + ", ".join(differences))
+        cast = found.get("dtype") != expected.get("dtype") and "dtype" in expected
+        raise ValueError(
+            f"{source} does not fit this model: "
+            + ", ".join(differences)
+            + ("; cast the state with state.to(dtype=...) or load the model in the state's dtype" if cast else "")
+        )
 
 
 @dataclass
@@ -537,6 +587,13 @@ class TransformerXLState:
     The cached keys/values and position keys belong to the weights they were computed with: after changing the
     weights, start from a new state.
 
+    The state holds the text it read: `mems[0]` are the scaled token embeddings of the last `slots` tokens, so a
+    nearest-neighbour search against the embedding table recovers them verbatim. Treat a state (and a file written by
+    `save()`) as you would the text itself.
+
+    A state is not thread-safe: every call replaces its memory, so two threads must not run the model on one state at
+    once (a model is thread-safe in eval mode; give each thread its own state).
+
     Example:
 
     ```python
@@ -602,6 +659,11 @@ class TransformerXLState:
     @property
     def batch_size(self) -> int:
         return self.memory.valid.shape[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the model this state runs with (that of its memories)."""
+        return self.mems[0].dtype
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Number of input positions (padding included) consumed so far; what `generate` slices new tokens by."""
@@ -679,7 +741,7 @@ class TransformerXLState:
         that produced it; that is not checked.
         """
         tensors, header = _read_state_file(path, config.model_type, device)
-        _check_state_model_shape(header.get("model_shape", {}), cls._config_model_shape(config), path)
+        _check_state_fits(header.get("model_shape"), cls._config_model_shape(config), path)
         return cls._from_file_contents(config, tensors, header, path)
 
     def _file_contents(self) -> tuple[dict[str, torch.Tensor], dict]:
@@ -688,21 +750,28 @@ class TransformerXLState:
         tensors = {"mem_valid": self.mem_valid}
         for i, (mem, key, value) in enumerate(zip(self.mems, self.keys, self.values, strict=True)):
             tensors[f"mems.{i}"], tensors[f"keys.{i}"], tensors[f"values.{i}"] = mem, key, value
+        header = {
+            "family": self._family,
+            "seen_tokens": self.seen_tokens,
+            "model_shape": self._model_shape_of_tensors(),
+        }
+        return tensors, header
+
+    def _model_shape_of_tensors(self) -> dict[str, int]:
         key = self.keys[0]  # (batch, head, slots, d_head)
-        model_shape = {
+        return {
             "layers": len(self.keys),
             "heads": key.shape[1],
             "head_dim": key.shape[3],
             "d_model": self.mems[0].shape[2],
         }
-        header = {"family": self._family, "seen_tokens": self.seen_tokens, "model_shape": model_shape}
-        return tensors, header
 
     @classmethod
     def _from_file_contents(
         cls, config: TransformerXLConfig, tensors: dict[str, torch.Tensor], header: dict, source: object
     ) -> "TransformerXLState":
         """The state that `_file_contents` described, checked tensor by tensor."""
+        seen_tokens = _header_int(header, "seen_tokens", source)
         try:
             valid = tensors["mem_valid"]
             parts = [[tensors[f"{name}.{i}"] for i in range(config.n_layer)] for name in ("mems", "keys", "values")]
@@ -721,17 +790,43 @@ class TransformerXLState:
                     f"{tuple(valid.shape)} {valid.dtype}; expected {shape} and torch.bool"
                 )
         state = cls(config, batch, valid.device, parts[0][0].dtype)
+        if any(t.dtype != parts[0][0].dtype for part in parts for t in part):
+            raise ValueError(f"{source} mixes dtypes: {sorted({str(t.dtype) for part in parts for t in part})}")
         state.memory = _Memory(*parts, valid)
-        state.seen_tokens = int(header.get("seen_tokens", 0))
+        state.seen_tokens = seen_tokens
+        state._check_values(source)
         return state
+
+    def _check_values(self, source: object) -> None:
+        """Refuse what no run of the model leaves in a state: non-finite tensors, more valid memory slots in a row than
+        `seen_tokens`."""
+        tensors, _ = self._file_contents()
+        _check_finite(tensors, source)
+        valid = self.mem_valid.sum(1)
+        if bool((valid > self.seen_tokens).any()):
+            raise ValueError(
+                f"{source} has 'seen_tokens'={self.seen_tokens}, fewer than its rows' valid memory slots "
+                f"({valid.tolist()}, 'mem_valid')"
+            )
 
     # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.adopt with RecurrentGPT2Config->TransformerXLConfig, RecurrentGPT2State->TransformerXLState
     @classmethod
-    def adopt(cls, state: object, config: TransformerXLConfig) -> "TransformerXLState":
-        """`state` as an instance of this class: itself, or a state of the same family built by another copy of this
-        class (the installed package's vs the one loaded as Hub remote code), rebuilt from its tensors (not copied)."""
-        if isinstance(state, cls):
-            return state
+    def adopt(
+        cls, state: object, config: TransformerXLConfig, batch_size: int, dtype: torch.dtype
+    ) -> "TransformerXLState":
+        """`state` as an instance of this class, checked to fit a model with `config` reading `batch_size` rows in
+        `dtype`: itself, or a state of the same family built by another copy of this class (the installed package's
+        vs the one loaded as Hub remote code), rebuilt from its tensors (not copied) and checked as a file is."""
+        if not isinstance(state, cls):
+            state = cls._adopt_other_copy(state, config)
+        found = {**state._model_shape_of_tensors(), "batch_size": state.batch_size, "dtype": state.dtype}
+        expected = {**cls._config_model_shape(config), "batch_size": batch_size, "dtype": dtype}
+        _check_state_fits(found, expected, "past_key_values")
+        return state
+
+    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State._adopt_other_copy with RecurrentGPT2Config->TransformerXLConfig, RecurrentGPT2State->TransformerXLState
+    @classmethod
+    def _adopt_other_copy(cls, state: object, config: TransformerXLConfig) -> "TransformerXLState":
         if type(state).__name__ != cls.__name__ or getattr(state, "_family", None) != cls._family:
             # PEFT prefix tuning is the usual source of a transformers Cache here: it pre-fills one with its
             # virtual tokens, which a state bounded by one window has no place for.
@@ -742,10 +837,9 @@ class TransformerXLState:
                 "supported; LoRA and prompt tuning are"
             )
         tensors, header = state._file_contents()
-        _check_state_model_shape(
-            header.get("model_shape", {}), cls._config_model_shape(config), type(state).__module__
-        )
-        return cls._from_file_contents(config, tensors, header, f"the {type(state).__module__} state")
+        source = f"the {type(state).__module__} state"
+        _check_state_fits(header.get("model_shape"), cls._config_model_shape(config), source)
+        return cls._from_file_contents(config, tensors, header, source)
 
     def __repr__(self) -> str:
         return (
@@ -1071,11 +1165,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         if past_key_values is None:
             past_key_values = TransformerXLState(self.config, batch, inputs_embeds.device, inputs_embeds.dtype)
         else:
-            past_key_values = TransformerXLState.adopt(past_key_values, self.config)
-            if past_key_values.batch_size != batch:
-                raise ValueError(
-                    f"past_key_values holds {past_key_values.batch_size} rows but the input has batch size {batch}"
-                )
+            past_key_values = TransformerXLState.adopt(past_key_values, self.config, batch, inputs_embeds.dtype)
         if attention_mask is None:
             real = torch.ones(batch, length, dtype=torch.bool, device=inputs_embeds.device)
         else:
