@@ -75,6 +75,20 @@ def tiny_recurrent_llama_config(**overrides) -> RecurrentLlamaConfig:
     return RecurrentLlamaConfig(**kwargs)
 
 
+# The backbone sizes of the recurrence core's tiny rows (tests/families.py BACKBONES): GQA (4 query heads, 2 key-value
+# heads) where the family has it, 16 positions, so 8-token windows and generation run past the position table.
+TINY_BACKBONE = {
+    "vocab_size": 99,
+    "hidden_size": 32,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 16,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+    "pad_token_id": 0,
+}
+
+
 def tiny_transformer_xl_config(**overrides) -> TransformerXLConfig:
     """A 2-layer, 32-wide Transformer-XL with 8-token segments and a 6-slot memory."""
     kwargs = {

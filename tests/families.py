@@ -7,13 +7,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, PreTrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, PreTrainedConfig, PreTrainedModel
 
 from hf_recurrence import (
     IBertForMaskedLM,
     IBertForSequenceClassification,
     IBertForTokenClassification,
     IBertModel,
+    RecurrentDecoderConfig,
+    RecurrentDecoderForCausalLM,
     RecurrentGPT2ForSequenceClassification,
     RecurrentGPT2ForTokenClassification,
     RecurrentGPT2LMHeadModel,
@@ -27,6 +29,7 @@ from hf_recurrence import (
 )
 
 from .common import (
+    TINY_BACKBONE,
     tiny_inductive_bert_config,
     tiny_recurrent_config,
     tiny_recurrent_llama_config,
@@ -170,3 +173,65 @@ assert type(classifier).__name__ == "IBertForSequenceClassification", type(class
 ]
 
 STATEFUL_FAMILIES = [family for family in FAMILIES if family.stateful]
+
+
+@dataclass(frozen=True)
+class Backbone:
+    """A stock transformers decoder that `RecurrentDecoderForCausalLM` runs over, as one row of the backbone driver
+    (`tests/test_backbones.py`).
+
+    Args:
+        name: the stock `model_type`.
+        overrides: config fields of this family's tiny config besides `TINY_BACKBONE`.
+        attn_implementation: the attention transformers itself picks for this family (Gemma2: eager, for its
+            attention soft-cap).
+    """
+
+    name: str
+    overrides: dict = field(default_factory=dict)
+    attn_implementation: str = "sdpa"
+
+    def text_config(self) -> PreTrainedConfig:
+        config = AutoConfig.for_model(self.name, **{**TINY_BACKBONE, **self.overrides})
+        config._attn_implementation = self.attn_implementation
+        return config
+
+    def models(self, **settings) -> tuple[RecurrentDecoderForCausalLM, PreTrainedModel]:
+        """The recurrent model (8-token windows, insertion layer 1, a recurrence network with random weights large
+        enough that h_prev matters) and the stock model with the same backbone weights, both in eval mode."""
+        torch.manual_seed(0)
+        kwargs = {"window_size": 8, "insertion_layer": 1, "recurrence_hidden_sizes": [16], **settings}
+        model = RecurrentDecoderForCausalLM(RecurrentDecoderConfig(text_config=self.text_config(), **kwargs)).eval()
+        generator = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for parameter in model.recurrence.parameters():
+                parameter.normal_(0, 0.5, generator=generator)
+        stock = AutoModelForCausalLM.from_config(self.text_config()).eval()
+        stock.load_state_dict(model.backbone.state_dict())
+        return model, stock
+
+
+GQA = {"intermediate_size": 48, "num_key_value_heads": 2}
+BACKBONES = [
+    Backbone("llama", GQA),
+    Backbone("qwen2", GQA),
+    Backbone("qwen3", {**GQA, "head_dim": 8}),
+    Backbone("mistral", {**GQA, "sliding_window": 16}),
+    Backbone("gemma2", {**GQA, "head_dim": 8, "sliding_window": 16, "query_pre_attn_scalar": 8}, "eager"),
+    Backbone(
+        "gemma3_text",
+        {
+            **GQA,
+            "head_dim": 8,
+            "sliding_window": 16,
+            "query_pre_attn_scalar": 8,
+            # Both layer types, so both RoPE bases run.
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        },
+    ),
+    Backbone("phi3", {**GQA, "partial_rotary_factor": 0.5}),
+    Backbone("olmo2", GQA),
+    # A NoPE layer (no rotary embedding) at the insertion layer.
+    Backbone("smollm3", {**GQA, "no_rope_layers": [1, 0, 1]}),
+    Backbone("gpt2", {"n_inner": 48}),
+]

@@ -7,7 +7,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 import hf_recurrence
 
 
-FAMILIES = ["inductive_bert", "recurrent_gpt2", "recurrent_llama", "transformer_xl"]
+FAMILIES = ["inductive_bert", "recurrent_decoder", "recurrent_gpt2", "recurrent_llama", "transformer_xl"]
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)

@@ -93,26 +93,30 @@ class FamilyCard:
     auto_class: str
 
 
+# The paper the recurrent GPT-2, the recurrent Llama and the recurrent decoder implement.
+RECURRENCE_PAPER = Paper(
+    authors=("Davis Yoshida", "Allyson Ettinger", "Kevin Gimpel"),
+    title="Adding Recurrence to Pretrained Transformers for Improved Efficiency and Context Size",
+    year=2020,
+    arxiv="2008.07027",
+)
+
 FAMILIES: dict[str, FamilyCard] = {
     "recurrent_gpt2": FamilyCard(
         name="Recurrent GPT-2",
-        paper=Paper(
-            authors=("Davis Yoshida", "Allyson Ettinger", "Kevin Gimpel"),
-            title="Adding Recurrence to Pretrained Transformers for Improved Efficiency and Context Size",
-            year=2020,
-            arxiv="2008.07027",
-        ),
+        paper=RECURRENCE_PAPER,
         pipeline_tag="text-generation",
         auto_class="AutoModelForCausalLM",
     ),
     "recurrent_llama": FamilyCard(
         name="Recurrent Llama",
-        paper=Paper(
-            authors=("Davis Yoshida", "Allyson Ettinger", "Kevin Gimpel"),
-            title="Adding Recurrence to Pretrained Transformers for Improved Efficiency and Context Size",
-            year=2020,
-            arxiv="2008.07027",
-        ),
+        paper=RECURRENCE_PAPER,
+        pipeline_tag="text-generation",
+        auto_class="AutoModelForCausalLM",
+    ),
+    "recurrent_decoder": FamilyCard(
+        name="Recurrent decoder",
+        paper=RECURRENCE_PAPER,
         pipeline_tag="text-generation",
         auto_class="AutoModelForCausalLM",
     ),

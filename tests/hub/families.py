@@ -3,16 +3,19 @@
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from transformers import PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import LlamaConfig, PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_recurrence import (
     IBertForMaskedLM,
+    RecurrentDecoderConfig,
+    RecurrentDecoderForCausalLM,
     RecurrentGPT2LMHeadModel,
     RecurrentLlamaForCausalLM,
     TransformerXLLMHeadModel,
 )
 
 from ..common import (
+    TINY_LLAMA,
     stdlib_tokenizer,
     tiny_inductive_bert_config,
     tiny_recurrent_config,
@@ -50,6 +53,15 @@ def tiny_recurrent_llama() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     tokenizer = stdlib_tokenizer()
     config = tiny_recurrent_llama_config(vocab_size=len(tokenizer), window_overlap=3)
     return RecurrentLlamaForCausalLM(config).eval(), tokenizer
+
+
+def tiny_recurrent_decoder() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    tokenizer = stdlib_tokenizer()
+    backbone = LlamaConfig(**{**TINY_LLAMA, "vocab_size": len(tokenizer)})
+    config = RecurrentDecoderConfig(
+        text_config=backbone, window_size=8, window_overlap=3, insertion_layer=1, recurrence_hidden_sizes=[16, 16]
+    )
+    return RecurrentDecoderForCausalLM(config).eval(), tokenizer
 
 
 def tiny_inductive_bert() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -96,6 +108,17 @@ HUB_FAMILIES = [
         reference_length=48,
         invalid_setting=("window_size", 0),
         context_limit=lambda config: config.max_position_embeddings,
+    ),
+    HubFamily(
+        model_type="recurrent_decoder",
+        make=tiny_recurrent_decoder,
+        auto_class="AutoModelForCausalLM",
+        pipeline_task="text-generation",
+        pipeline_inputs="def read_windows(path):",
+        pipeline_kwargs={"max_new_tokens": 40, "min_new_tokens": 40, "do_sample": False, "return_tensors": True},
+        reference_length=48,
+        invalid_setting=("window_size", 0),
+        context_limit=lambda config: config.text_config.max_position_embeddings,
     ),
     HubFamily(
         model_type="transformer_xl",

@@ -81,7 +81,7 @@ print("RESULT " + json.dumps({{"pipeline": output, "invalid": invalid}}, default
 @pytest.mark.remote_code
 def test_pull_in_a_fresh_interpreter_without_the_package(pushed, hub_server, tmp_path):
     family = pushed.family
-    input_ids = torch.randint(1, pushed.model.config.vocab_size, (2, family.reference_length))
+    input_ids = torch.randint(1, pushed.model.config.get_text_config().vocab_size, (2, family.reference_length))
     with torch.no_grad():
         torch.save({"input_ids": input_ids, "logits": pushed.model(input_ids).logits}, tmp_path / "reference.pt")
     code = PULL.format(

@@ -13,6 +13,10 @@ import importlib.util
 # Our model types whose submodules carry the stock model's names, so every PEFT method's defaults for that model
 # type apply unchanged.
 SAME_MODULE_NAMES_AS = {"recurrent_gpt2": "gpt2", "recurrent_llama": "llama", "inductive_bert": "bert"}
+# The recurrence core runs over several stock decoders under one model_type; these are the attention projections
+# PEFT's LoRA defaults name for them (Llama-like `q_proj`/`v_proj`, Phi3's fused `qkv_proj`, GPT-2's `c_attn`). PEFT
+# adapts whichever of them a backbone has.
+RECURRENT_DECODER_LORA_TARGET_MODULES = ["q_proj", "v_proj", "qkv_proj", "c_attn"]
 # Transformer-XL has no stock counterpart in transformers 5; its attention input projection, as `c_attn` is GPT-2's.
 TRANSFORMER_XL_LORA_TARGET_MODULES = ["qkv_net"]
 
@@ -44,7 +48,7 @@ def register_peft_defaults() -> bool:
         for ours, stock in SAME_MODULE_NAMES_AS.items():
             if stock in mapping:
                 mapping.setdefault(ours, mapping[stock])
-    mappings["TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING"].setdefault(
-        "transformer_xl", TRANSFORMER_XL_LORA_TARGET_MODULES
-    )
+    lora = mappings["TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING"]
+    lora.setdefault("transformer_xl", TRANSFORMER_XL_LORA_TARGET_MODULES)
+    lora.setdefault("recurrent_decoder", RECURRENT_DECODER_LORA_TARGET_MODULES)
     return True

@@ -8,6 +8,7 @@ from .inductive_bert import (
     IBertPreTrainedModel,
     InductiveBertConfig,
 )
+from .recurrent_decoder import RecurrentDecoderConfig, RecurrentDecoderForCausalLM, RecurrentDecoderState
 from .recurrent_gpt2 import (
     RecurrentGPT2Config,
     RecurrentGPT2ForSequenceClassification,

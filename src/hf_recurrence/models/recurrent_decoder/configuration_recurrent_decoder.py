@@ -1,0 +1,275 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Configuration of the recurrence of Yoshida, Ettinger and Gimpel (2020), "Adding Recurrence to Pretrained
+Transformers for Improved Efficiency and Context Size", over a stock transformers decoder (the backbone)."""
+
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers import AutoConfig, PreTrainedConfig
+from transformers.configuration_utils import SubConfigSpec
+from transformers.utils import logging
+
+
+logger = logging.get_logger(__name__)
+
+
+AUTO_MAP = {
+    "AutoConfig": "configuration_recurrent_decoder.RecurrentDecoderConfig",
+    "AutoModelForCausalLM": "modeling_recurrent_decoder.RecurrentDecoderForCausalLM",
+}
+
+# The backbones the recurrence is checked on, by model_type, with the attribute of a decoder layer that norms the
+# residual stream before self-attention: `h_prev` enters the insertion layer like a token, through that norm. None:
+# the attention reads the residual stream itself (OLMo2 norms after attention).
+PRE_ATTENTION_NORMS = {
+    "gemma2": "input_layernorm",
+    "gemma3_text": "input_layernorm",
+    "gpt2": "ln_1",
+    "llama": "input_layernorm",
+    "mistral": "input_layernorm",
+    "olmo2": None,
+    "phi3": "input_layernorm",
+    "qwen2": "input_layernorm",
+    "qwen3": "input_layernorm",
+    "smollm3": "input_layernorm",
+}
+# The layer types whose attention is softmax attention over keys/values, which an extra h_prev key/value extends.
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
+# What the recurrence reads: the window's summary (the paper), or zeros (the control: a learned constant h_prev).
+RECURRENCE_INPUTS = ("window", "zeros")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _refusal(model_type: str, reason: str) -> ValueError:
+    supported = ", ".join(sorted(PRE_ATTENTION_NORMS))
+    return ValueError(
+        f"RecurrentDecoder cannot run over a {model_type!r} backbone: {reason}. It runs over decoder-only "
+        f"softmax-attention backbones of these model types: {supported}"
+    )
+
+
+def check_backbone(text_config: PreTrainedConfig) -> None:
+    """Raise `ValueError` naming the family and the reason unless the recurrence can run over `text_config`."""
+    model_type = text_config.model_type
+    layer_types = getattr(text_config, "layer_types", None) or ()
+    others = sorted({t for t in layer_types if t not in ATTENTION_LAYER_TYPES})
+    if getattr(text_config, "is_encoder_decoder", False):
+        raise _refusal(model_type, "it is an encoder-decoder; h_prev extends a decoder's causal self-attention")
+    if others:
+        raise _refusal(
+            model_type,
+            f"its layer_types include {others} (hybrid linear attention or state-space layers), which have no "
+            "keys/values for h_prev to join",
+        )
+    if getattr(text_config, "kv_lora_rank", None) is not None:
+        raise _refusal(
+            model_type,
+            "it uses multi-head latent attention, whose compressed key/value cache the window cache cannot hold",
+        )
+    if getattr(text_config, "add_cross_attention", False):
+        raise _refusal(model_type, "add_cross_attention=True adds cross-attention, which has no window to recur over")
+    if getattr(text_config, "reorder_and_upcast_attn", False):
+        raise _refusal(
+            model_type, "reorder_and_upcast_attn=True computes attention outside transformers' attention interface"
+        )
+    if model_type not in PRE_ATTENTION_NORMS:
+        reason = "it is not a causal decoder" if not getattr(text_config, "is_decoder", True) else "it is unchecked"
+        raise _refusal(
+            model_type,
+            f"{reason}; every backbone needs a checked entry (the norm that h_prev passes before attention)",
+        )
+
+
+def position_table_size(text_config: PreTrainedConfig) -> int | None:
+    """The positions the backbone was trained on (`max_position_embeddings`), which a window must fit."""
+    return getattr(text_config, "max_position_embeddings", None)
+
+
+def sliding_window_size(text_config: PreTrainedConfig) -> int | None:
+    """The backbone's attention window when some of its layers slide, else None."""
+    window = getattr(text_config, "sliding_window", None)
+    layer_types = getattr(text_config, "layer_types", None)
+    if window is None or (layer_types is not None and "sliding_attention" not in layer_types):
+        return None
+    return window
+
+
+@strict
+class RecurrentDecoderConfig(PreTrainedConfig):
+    r"""
+    Configuration of a [`RecurrentDecoderForCausalLM`]: a stock transformers decoder's config (`text_config`) plus
+    the recurrence settings below.
+
+    The input is read in windows of `window_size` tokens, each window repeating the last `window_overlap` tokens of
+    the one before. A window's hidden states, weighted across layers and mean-pooled, pass through a small
+    feed-forward network to `h_prev`, which the next window sees as one extra key/value at layer `insertion_layer`.
+    Positions restart at 0 in every window, so the model reads inputs of any length.
+
+    Args:
+        text_config (`dict` or `PreTrainedConfig`, *optional*):
+            The backbone's config, of one of the model types in `PRE_ATTENTION_NORMS` (defaults to a Llama config).
+            A backbone that cannot carry the recurrence (encoder-decoder, bidirectional, hybrid linear attention,
+            multi-head latent attention, an unchecked family) is refused with the reason.
+        window_size (`int`, *optional*, defaults to 300):
+            Tokens per window (the paper's T). At most the backbone's `max_position_embeddings` and, where its layers
+            slide, its `sliding_window`. A stock config converted without one gets `min(300, max_position_embeddings)`.
+        window_overlap (`int`, *optional*, defaults to 0):
+            Tokens each window repeats from the previous one (paper §4.2); smaller than `window_size`.
+        insertion_layer (`int`, *optional*, defaults to 2):
+            0-based index of the decoder layer whose self-attention receives `h_prev` as an extra key/value (the
+            paper's l_ins = 2).
+        recurrence_hidden_sizes (`list[int]`, *optional*, defaults to `[200, 200, 200]`):
+            Hidden layer widths of the feed-forward network mapping the pooled summary to `h_prev` (paper §5). Its
+            activation is the backbone's.
+        bptt_windows (`int`, *optional*):
+            Truncation of backpropagation through time. `None` backpropagates through every window of an input; `k`
+            lets gradient cross window boundaries only inside runs of `k + 1` windows.
+        normalize_pooled_states (`bool`, *optional*, defaults to `False`):
+            Scale every layer's token states to unit RMS before the layer-weighted mean (decoders with attention-sink
+            activations otherwise make the plain mean mostly a constant).
+        recurrence_input (`str`, *optional*, defaults to `"window"`):
+            `"window"`: `h_prev` comes from the previous window's summary (the paper). `"zeros"`: the network reads
+            zeros, so `h_prev` is a learned constant (the control arm).
+
+    Example:
+
+    ```python
+    >>> from transformers import Qwen2Config
+    >>> from hf_recurrence import RecurrentDecoderConfig
+
+    >>> backbone = Qwen2Config(
+    ...     vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    ...     num_key_value_heads=2, max_position_embeddings=64,
+    ... )
+    >>> config = RecurrentDecoderConfig(text_config=backbone, window_size=16, insertion_layer=1)
+    >>> config.text_config.model_type
+    'qwen2'
+
+    ```"""
+
+    model_type = "recurrent_decoder"
+    # Trainer leaves these output keys out of the predictions it gathers: the state is not a tensor to concatenate
+    # across batches (`cache` is its name from transformers 5.24 on).
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]
+    sub_configs_defaults = {"text_config": SubConfigSpec(config_class=AutoConfig, model_type="llama")}
+    # The config fields the recurrence adds to its backbone; from_pretrained(..., field=value) applies them before
+    # validation, and tools read the list from here.
+    family_settings = (
+        "window_size",
+        "window_overlap",
+        "insertion_layer",
+        "recurrence_hidden_sizes",
+        "bptt_windows",
+        "normalize_pooled_states",
+        "recurrence_input",
+    )
+
+    text_config: dict | PreTrainedConfig | None = None
+    window_size: int = 300
+    window_overlap: int = 0
+    insertion_layer: int = 2
+    recurrence_hidden_sizes: list[int] | None = None
+    bptt_windows: int | None = None
+    normalize_pooled_states: bool = False
+    recurrence_input: str = "window"
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self, **kwargs):
+        if self.recurrence_hidden_sizes is None:
+            self.recurrence_hidden_sizes = [200, 200, 200]
+        kwargs.setdefault("auto_map", dict(AUTO_MAP))
+        super().__post_init__(**kwargs)
+        # Ties are the backbone's: its own config decides them when it is built.
+        self.tie_word_embeddings = self.text_config.tie_word_embeddings
+        check_backbone(self.text_config)
+        self.check_recurrence_settings()
+
+    @classmethod
+    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs) -> tuple[dict[str, Any], dict[str, Any]]:
+        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+        if config_dict.get("model_type") != cls.model_type:
+            # A stock decoder's checkpoint: converting it is the intended use, its config becomes the backbone's.
+            logger.info(
+                f"Using the {config_dict.get('model_type')!r} config of {pretrained_model_name_or_path} as backbone"
+            )
+            config_dict = {"model_type": cls.model_type, "text_config": config_dict}
+        return config_dict, kwargs
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> "RecurrentDecoderConfig":
+        # Recurrence settings given to from_pretrained must be in place when the config is validated, not set after.
+        config_dict = dict(config_dict)
+        for name in cls.family_settings:
+            if name in kwargs:
+                config_dict[name] = kwargs.pop(name)
+        text = config_dict.get("text_config")
+        if "window_size" not in config_dict and isinstance(text, dict):
+            positions = text.get("max_position_embeddings", text.get("n_positions"))
+            if positions is not None:
+                config_dict["window_size"] = min(cls.window_size, positions)
+        return super().from_dict(config_dict, **kwargs)
+
+    def validate_recurrence_settings(self):
+        """Part of `@strict` validation, so a config changed after construction is checked again when saved."""
+        self.check_recurrence_settings()
+
+    def check_recurrence_settings(self) -> None:
+        """Raise `ValueError` naming the first invalid recurrence field and its value."""
+        self.check_window_schedule(self.window_size, self.window_overlap)
+        self.check_model_settings()
+
+    def check_window_schedule(self, window_size: int, window_overlap: int) -> None:
+        """Raise `ValueError` unless `window_size` and `window_overlap` form a schedule the backbone can run; checked
+        for the config's own schedule and for every state a forward runs (a state may carry another)."""
+        if not _is_int(window_size) or window_size < 1:
+            raise ValueError(f"window_size must be a positive integer, got window_size={window_size!r}")
+        positions = position_table_size(self.text_config)
+        if positions is not None and window_size > positions:
+            raise ValueError(
+                f"window_size={window_size} exceeds the {self.text_config.model_type!r} backbone's "
+                f"max_position_embeddings={positions}: a window's positions must stay inside the range it was "
+                "trained on"
+            )
+        sliding = sliding_window_size(self.text_config)
+        if sliding is not None and window_size > sliding:
+            raise _refusal(
+                self.text_config.model_type,
+                f"window_size={window_size} is larger than its sliding_window={sliding}, so a window's tokens would "
+                f"not all see each other; use window_size <= {sliding}",
+            )
+        if not _is_int(window_overlap) or not 0 <= window_overlap < window_size:
+            raise ValueError(
+                f"window_overlap must satisfy 0 <= window_overlap < window_size={window_size}, got "
+                f"window_overlap={window_overlap!r}"
+            )
+
+    def check_model_settings(self) -> None:
+        """Raise `ValueError` naming the first invalid field other than the window schedule; checked on every forward,
+        since the config may have been changed after the model was built."""
+        layers = self.text_config.num_hidden_layers
+        if not _is_int(self.insertion_layer) or not 0 <= self.insertion_layer < layers:
+            raise ValueError(
+                f"insertion_layer must be a layer index in [0, num_hidden_layers={layers}), got "
+                f"insertion_layer={self.insertion_layer!r}"
+            )
+        sizes = self.recurrence_hidden_sizes
+        if not sizes or any(not _is_int(s) or s < 1 for s in sizes):
+            raise ValueError(
+                f"recurrence_hidden_sizes must be a non-empty list of positive integers, got "
+                f"recurrence_hidden_sizes={sizes!r}"
+            )
+        if self.bptt_windows is not None and (not _is_int(self.bptt_windows) or self.bptt_windows < 1):
+            raise ValueError(
+                f"bptt_windows must be None (full backpropagation through time) or a positive integer, got "
+                f"bptt_windows={self.bptt_windows!r}"
+            )
+        if self.recurrence_input not in RECURRENCE_INPUTS:
+            raise ValueError(
+                f"recurrence_input must be one of {RECURRENCE_INPUTS}, got recurrence_input={self.recurrence_input!r}"
+            )
+
+
+__all__ = ["RecurrentDecoderConfig"]

@@ -1,0 +1,1502 @@
+# SPDX-License-Identifier: Apache-2.0
+"""PyTorch recurrence over any stock transformers decoder, after Yoshida, Ettinger and Gimpel (2020), "Adding
+Recurrence to Pretrained Transformers for Improved Efficiency and Context Size".
+
+The model holds the stock `XForCausalLM` of its backbone, built by transformers itself (`self.backbone`), and the
+recurrence (`self.recurrence`). It reads text window by window; each window step calls the stock forward once, with
+the window's embeddings and position ids, under the registered attention name `recurrent_<sdpa|eager>`. That name
+has no mask function, so the backbone builds no mask, and every layer's attention call reaches `recurrent_attention`
+with the step context (`recurrence=` keyword), which joins the window's cached keys/values and, at the insertion
+layer, the key/value of `h_prev` (computed by the layer's own attention code) and applies the step's per-row masks.
+The family's rotary embedding, embedding scaling, norms, biases and head post-processing are therefore its own.
+"""
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field, make_dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+from transformers import AutoModelForCausalLM, GenerationConfig, GenerationMixin, PreTrainedConfig, PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.conversion_mapping import register_checkpoint_conversion_mapping
+from transformers.core_model_loading import WeightRenaming
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+from transformers.utils import ModelOutput, logging
+
+from .configuration_recurrent_decoder import PRE_ATTENTION_NORMS, RecurrentDecoderConfig, check_backbone
+
+
+logger = logging.get_logger(__name__)
+
+# transformers 5.24 renamed `past_key_values` to `cache`: the forward argument, the output field and what generate()
+# passes back (its ModelOutput answers the old name through a property). The state travels under the installed
+# version's name, and forward accepts both.
+STATE_NAME = "cache" if isinstance(getattr(ModelOutput, "past_key_values", None), property) else "past_key_values"
+# The attention implementations the recurrence runs on: both accept a per-row mask over extra keys.
+INNER_ATTENTIONS = ("sdpa", "eager")
+RECURRENT_PREFIX = "recurrent_"
+
+
+def _given_state(past_key_values: object | None, cache: object | None) -> object | None:
+    """The state passed under either name."""
+    if past_key_values is not None and cache is not None:
+        raise ValueError(
+            "Pass the state once: as cache or as past_key_values (its name before transformers 5.24), not both"
+        )
+    return past_key_values if cache is None else cache
+
+
+def _right_packing_index(valid: torch.Tensor, width: int) -> torch.Tensor:
+    """For each row, the indices of its slots with the valid ones last (in their original order), keeping `width`.
+
+    valid: (batch, slots) bool. Returns (batch, width) long.
+    """
+    order = torch.argsort(valid.to(torch.int8), dim=1, stable=True)
+    return order[:, order.shape[1] - width :]
+
+
+def _gather_slots(tensor: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
+    """Gather `index` (batch, width) along `dim` of a tensor whose first dimension is the batch."""
+    shape = [1] * tensor.dim()
+    shape[0], shape[dim] = index.shape
+    expanded = index.view(shape).expand(*tensor.shape[:dim], index.shape[1], *tensor.shape[dim + 1 :])
+    return tensor.gather(dim, expanded)
+
+
+def _window_attentions(
+    weights: torch.Tensor, key_valid: torch.Tensor, with_h_prev: bool, window_size: int, query_real: torch.Tensor
+) -> torch.Tensor:
+    """One step's attention weights laid out by window position, so that every step and every call has the same
+    columns: (batch, head, queries, 1 + window_size), column 0 for `h_prev`, column 1 + j for position j of the
+    query's current window. Rows of padding queries are zero.
+
+    weights: (batch, head, queries, [1 +] keys) as the attention computed them (a leading `h_prev` column when
+    `with_h_prev`); key_valid: (batch, keys) bool over the cached slots then the step's columns; query_real:
+    (batch, queries) bool.
+    """
+    token_weights = weights[..., 1:] if with_h_prev else weights
+    # The valid keys of a row are exactly its current window, in order; the rest go to a column that is dropped.
+    index = torch.where(key_valid, key_valid.cumsum(1) - 1, window_size)  # (batch, keys)
+    index = index[:, None, None, :].expand_as(token_weights)
+    by_position = token_weights.new_zeros(*token_weights.shape[:-1], window_size + 1)
+    by_position = by_position.scatter_add(-1, index, token_weights)[..., :window_size]
+    h_prev_weight = weights[..., :1] if with_h_prev else weights.new_zeros(*weights.shape[:-1], 1)
+    layout = torch.cat([h_prev_weight, by_position], dim=-1)
+    return layout * query_real[:, None, :, None].to(layout.dtype)
+
+
+def _attention_masks(
+    real: torch.Tensor,
+    slot_valid: torch.Tensor,
+    has_h_prev: torch.Tensor,
+    dtype: torch.dtype,
+    eager: bool,
+    all_real: bool | None,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Masks for the ordinary layers and for the insertion layer, (batch, 1, cols, [1 +] slots + cols).
+
+    A query sees the valid cached slots, the real step columns up to itself, and itself (so padding queries never
+    see an empty row); at the insertion layer also `h_prev` where the row has one. The plain mask is None where the
+    attention's own causal mask is the same (no cached slots, every column real). Additive float masks for eager
+    attention, boolean ones otherwise. `all_real`: whether every column is real, when known on the host.
+    """
+    batch, cols = real.shape
+    slots = slot_valid.shape[1]
+    causal = torch.ones(cols, cols, dtype=torch.bool, device=real.device).tril()
+    plain = None
+    if eager or slots or not (all_real if all_real is not None else bool(real.all())):
+        own = torch.eye(cols, dtype=torch.bool, device=real.device)
+        new_part = (causal & real[:, None, :]) | own  # (batch, cols, cols)
+        plain = torch.cat([slot_valid[:, None, :].expand(batch, cols, slots), new_part], dim=-1)[:, None]
+    h_prev_part = has_h_prev[:, None, None, None].expand(batch, 1, cols, 1)
+    token_part = causal.expand(batch, 1, cols, cols) if plain is None else plain
+    inserted = torch.cat([h_prev_part, token_part], dim=-1)
+    if eager:
+        plain, inserted = (
+            torch.zeros_like(m, dtype=dtype).masked_fill(~m, torch.finfo(dtype).min) for m in (plain, inserted)
+        )
+    return plain, inserted
+
+
+class _StepContext:
+    """What one window step hands every layer's attention, as the `recurrence=` keyword that stock decoders pass
+    from their forward through their layers to the attention interface.
+
+    A plain object on purpose, not a dataclass or dict: FSDP2's pre-forward rebuilds those when they hold tensors
+    that require grad, and the keys/values recorded here would then land in per-layer copies.
+    """
+
+    def __init__(
+        self,
+        insertion_layer: int,
+        eager: bool,
+        past: list[tuple[torch.Tensor, torch.Tensor] | None],
+        plain_mask: torch.Tensor | None,
+        inserted_mask: torch.Tensor,
+        h_prev: torch.Tensor | None,
+        h_prev_norm: Callable[[torch.Tensor], torch.Tensor],
+        output_attentions: bool,
+    ):
+        self.insertion_layer = insertion_layer
+        self.eager = eager
+        self.past = past
+        self.plain_mask, self.inserted_mask = plain_mask, inserted_mask
+        self.h_prev, self.h_prev_norm = h_prev, h_prev_norm
+        self.output_attentions = output_attentions
+        # Filled by the layers: their keys/values (cache + step, per kv head) and attention weights.
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+        self.weights: dict[int, tuple[torch.Tensor, bool]] = {}
+        # While the attention runs on h_prev only to read its key/value (see `_h_prev_key_value`).
+        self.probing = False
+        self.probed: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def _inner_attention(module: nn.Module, eager: bool) -> Callable:
+    if eager:
+        # The family's own eager attention (Gemma2's attention soft-cap lives there); the backbone check ensures it.
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+
+def _h_prev_key_value(module: nn.Module, ctx: _StepContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """`h_prev`'s key and value at this attention module, (batch, kv_head, 1, head_dim) each, through the module's
+    own code (biases, fused qkv, per-head or full-width key norms): it runs on the normed `h_prev` as a one-token
+    input with an identity rotation (cos 1, sin 0), and what reaches the attention interface is kept."""
+    normed = ctx.h_prev_norm(ctx.h_prev[:, None])  # (batch, 1, hidden)
+    cos = normed.new_ones(normed.shape[0], 1, module.head_dim)
+    ctx.probing = True
+    try:
+        # .forward, not __call__: no output-capture or FSDP hooks fire for the probe.
+        module.forward(
+            hidden_states=normed,
+            position_embeddings=(cos, torch.zeros_like(cos)),
+            attention_mask=None,
+            recurrence=ctx,
+        )
+    finally:
+        ctx.probing = False
+    return ctx.probed
+
+
+def recurrent_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    recurrence: _StepContext | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The attention interface `recurrent_sdpa` / `recurrent_eager`: keys/values are `[h_prev] + cached window +
+    step columns` (batch, kv_head, [1 +] slots + cols, head_dim); the backbone's own mask is ignored (it builds
+    none under these names) for the step's per-row masks."""
+    ctx = recurrence
+    if ctx is None:
+        raise RuntimeError(
+            f"{type(module).__name__} ran under the attention implementation of RecurrentDecoderForCausalLM without "
+            "its window step; run the backbone through RecurrentDecoderForCausalLM, or give it "
+            "attn_implementation='sdpa' or 'eager' to use it as a stock model"
+        )
+    if ctx.probing:
+        ctx.probed = (key, value)
+        batch, heads, length, head_dim = query.shape
+        return query.new_zeros(batch, length, heads, head_dim), None
+    i = module.layer_idx
+    if ctx.past[i] is not None:
+        key = torch.cat([ctx.past[i][0], key], dim=2)  # (batch, kv_head, slots + cols, head_dim)
+        value = torch.cat([ctx.past[i][1], value], dim=2)
+    ctx.keys[i], ctx.values[i] = key, value
+    mask = ctx.plain_mask
+    inserting = i == ctx.insertion_layer and ctx.h_prev is not None
+    if inserting:
+        # Inside the layer's forward, where FSDP2 has gathered the layer's weights. h_prev is one extra key/value
+        # per kv head only: it never becomes a query, so the outputs stay one per token.
+        h_key, h_value = _h_prev_key_value(module, ctx)
+        key, value, mask = torch.cat([h_key, key], dim=2), torch.cat([h_value, value], dim=2), ctx.inserted_mask
+    output, weights = _inner_attention(module, ctx.eager)(module, query, key, value, mask, **kwargs)
+    if ctx.output_attentions:
+        ctx.weights[i] = (weights, inserting)
+    return output, weights
+
+
+for _inner in INNER_ATTENTIONS:
+    # A name outside transformers' mask-function table: create_causal_mask then returns None and builds nothing.
+    AttentionInterface.register(RECURRENT_PREFIX + _inner, recurrent_attention)
+
+
+def _decoder_layers(backbone: PreTrainedModel) -> nn.ModuleList:
+    base = backbone.base_model
+    return base.layers if hasattr(base, "layers") else base.h
+
+
+def _attention_module(layer: nn.Module) -> nn.Module:
+    return layer.self_attn if hasattr(layer, "self_attn") else layer.attn
+
+
+def _cache_geometry(text_config: PreTrainedConfig) -> dict[str, int]:
+    """The sizes of the per-layer key/value cache a state holds for a backbone with `text_config`."""
+    heads = text_config.num_attention_heads
+    return {
+        "layers": text_config.num_hidden_layers,
+        "key_value_heads": getattr(text_config, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(text_config, "head_dim", None) or text_config.hidden_size // heads,
+        "hidden_size": text_config.hidden_size,
+    }
+
+
+def _activation_name(text_config: PreTrainedConfig) -> str:
+    """The backbone's feed-forward activation, which the recurrence network uses too."""
+    for name in ("hidden_activation", "hidden_act", "activation_function"):
+        value = getattr(text_config, name, None)
+        if isinstance(value, str):
+            return value
+    return "gelu"
+
+
+# Bumped whenever the tensors or the header of a saved state change meaning; a reader refuses other versions.
+STATE_FILE_FORMAT_VERSION = 1
+# The safetensors metadata key whose JSON value describes a saved state.
+_STATE_HEADER_KEY = "hf_recurrence_state"
+
+
+def _write_state_file(
+    path: str | os.PathLike, tensors: dict[str, torch.Tensor], header: dict, overwrite: bool
+) -> None:
+    """Write `tensors` and the JSON `header` to a safetensors file, through a temporary file so that a failed write
+    never leaves half a state behind; an existing file is replaced only with `overwrite=True`."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
+    header = {**header, "format_version": STATE_FILE_FORMAT_VERSION}
+    # safetensors refuses tensors that share memory (a fresh state repeats one empty cache tensor per layer).
+    owned = {name: t.detach().contiguous().clone() for name, t in tensors.items()}
+    partial = path.with_name(path.name + ".partial")
+    save_file(owned, str(partial), metadata={_STATE_HEADER_KEY: json.dumps(header, sort_keys=True)})
+    partial.replace(path)
+
+
+def _read_state_file(
+    path: str | os.PathLike, family: str, device: torch.device | str | None
+) -> tuple[dict[str, torch.Tensor], dict]:
+    """The tensors (on `device`) and the header of a state file written by `_write_state_file` for `family`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No state file at {path}")
+    with safe_open(str(path), framework="pt", device="cpu" if device is None else str(device)) as file:
+        raw = (file.metadata() or {}).get(_STATE_HEADER_KEY)
+        if raw is None:
+            raise ValueError(
+                f"{path} is not a saved recurrent state: its safetensors header has no {_STATE_HEADER_KEY!r}"
+            )
+        header = json.loads(raw)
+        tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    if header.get("family") != family:
+        raise ValueError(
+            f"{path} holds a state of the {header.get('family')!r} family; this model family is {family!r}"
+        )
+    if header.get("format_version") != STATE_FILE_FORMAT_VERSION:
+        raise ValueError(
+            f"{path} was written in state file format version {header.get('format_version')!r}; this version of "
+            f"hf_recurrence reads version {STATE_FILE_FORMAT_VERSION} only"
+        )
+    return tensors, header
+
+
+def _check_state_model_shape(saved: dict, expected: dict, source: object) -> None:
+    """Refuse a state saved by a model of another shape (backbone, layers, heads, sizes), naming every difference."""
+    differences = [
+        f"{key}={saved.get(key)!r} (this model: {value!r})"
+        for key, value in expected.items()
+        if saved.get(key) != value
+    ]
+    if differences:
+        raise ValueError(f"{source} was saved by a model of another shape: " + ", ".join(differences))
+
+
+def _document_starts(position_ids: torch.Tensor | None, real: torch.Tensor, continuing: bool) -> torch.Tensor | None:
+    """Where packed documents begin, read from `position_ids` (batch, length) as TRL's and transformers' packing
+    collators write them: positions count up by one inside a document and restart at 0 where the next one begins.
+
+    real: (batch, length) bool, True at real tokens (the positions of padding are not read). continuing: whether the
+    rows already hold text from earlier calls (a state was passed); then a row's first position may be anything
+    (the row's text goes on) or 0 (a new document). Returns (batch, length) bool, True at the real tokens that start
+    a document after earlier text of their row, or None when there is no such token (plain positions 0, 1, ...).
+    """
+    if position_ids is None:
+        return None
+    batch, length = real.shape
+    if position_ids.dim() != 2 or position_ids.shape[0] not in (1, batch) or position_ids.shape[1] != length:
+        raise ValueError(
+            f"position_ids must be (batch, length) like the input, or (1, length); got shape "
+            f"{tuple(position_ids.shape)} for input of shape {(batch, length)}"
+        )
+    positions = position_ids.to(real.device).expand(batch, length)
+    columns = torch.arange(length, device=real.device)
+    # The latest real column before each column, -1 where there is none: padding is skipped, not counted.
+    latest = torch.where(real, columns, -1).cummax(1).values  # (batch, length)
+    previous = nn.functional.pad(latest[:, :-1], (1, 0), value=-1)
+    has_previous = previous >= 0
+    follows = has_previous & (positions == positions.gather(1, previous.clamp(min=0)) + 1)
+    restarts = positions == 0
+    bad = real & ~restarts & ~follows & (has_previous | (not continuing))
+    if bool(bad.any()):
+        row, column = (int(i) for i in bad.nonzero()[0])
+        if has_previous[row, column]:
+            problem = f"position {int(positions[row, column])} follows {int(positions[row, previous[row, column]])}"
+        else:
+            problem = f"the row's first position is {int(positions[row, column])} but no {STATE_NAME} continue it"
+        raise ValueError(
+            "position_ids must count up by one within each packed document and restart at 0 where the next one "
+            f"begins; at row {row}, column {column}, {problem}"
+        )
+    starts = real & restarts & (has_previous | continuing)
+    return starts if bool(starts.any()) else None
+
+
+def _drop_cross_document_targets(targets: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
+    """(batch, length) shifted targets without those of the positions followed by a document start (position 0): the
+    last token of a packed document does not predict the first token of the next."""
+    if position_ids is None or position_ids.shape[-1] != targets.shape[-1]:
+        # A misshapen position_ids is reported by `_document_starts`.
+        return targets
+    next_starts = nn.functional.pad(position_ids[..., 1:] == 0, (0, 1), value=False)  # ([batch,] length)
+    return targets.masked_fill(next_starts.to(targets.device), -100)
+
+
+class RecurrentDecoderWindowStep(GradientCheckpointingLayer):
+    """The unit that gradient checkpointing recomputes: the whole backbone over one stretch of a window (`run`, the
+    model's `_step`). It holds no weights, so the backbone keeps its checkpoint names. Checkpointing whole window
+    steps keeps only each window's inputs (its embeddings and the cached keys/values) for the backward pass."""
+
+    def forward(self, run: Callable, settings: "_StepSettings", *tensors: torch.Tensor) -> tuple:
+        # Everything positional and a flat tuple out: the reentrant checkpoint connects only the tensors of a tuple
+        # output to the graph, and its recompute must see this call's arguments.
+        return run(settings, *tensors).flat()
+
+
+class RecurrentDecoderRecurrence(nn.Module):
+    """The paper's recurrence module: softmax-normalised layer weights and the feed-forward network to `h_prev`."""
+
+    def __init__(self, config: RecurrentDecoderConfig):
+        super().__init__()
+        text = config.text_config
+        # alpha of paper Eq. 1, one logit per layer output
+        self.layer_weight_logits = nn.Parameter(torch.zeros(text.num_hidden_layers))
+        sizes = [text.hidden_size, *config.recurrence_hidden_sizes]
+        layers: list[nn.Module] = []
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
+            layers += [nn.Linear(fan_in, fan_out), ACT2FN[_activation_name(text)]]
+        layers.append(nn.Linear(sizes[-1], text.hidden_size))
+        self.ffn = nn.Sequential(*layers)
+
+    def layer_weights(self) -> torch.Tensor:
+        return torch.softmax(self.layer_weight_logits.float(), dim=0)  # (num_hidden_layers,)
+
+    def forward(self, window_summary: torch.Tensor) -> torch.Tensor:
+        return self.ffn(window_summary)  # (batch, hidden)
+
+
+class RecurrentDecoderState:
+    """Everything the recurrence carries from one call to the next, passed as `past_key_values` (`cache` from
+    transformers 5.24 on).
+
+    The model reads its input in windows of `window_size` tokens that repeat the last `window_overlap` tokens of the
+    previous window; the schedule belongs to the state (the config's by default) and is fixed for its life. Per row:
+
+    - `keys[i]`, `values[i]`: `(batch, kv_heads, slots, head_dim)` key/value cache of layer `i` for the current
+      window, as the layer's attention received them (rotated, normed); padding slots are marked in `slot_valid`,
+    - `fill`: `(batch,)` real tokens in the current window, and `window_index`: `(batch,)` windows completed,
+    - `pooled_sum`: `(batch, hidden)` float32 running sum of the layer-weighted hidden states of the current window,
+    - `h_prev`: `(batch, hidden)` the summary of the previous window that the current one sees,
+    - `overlap_embeds`: `(batch, window_overlap, hidden)` token embeddings of the last `window_overlap` real tokens,
+      which the next window re-reads, with `overlap_valid`: `(batch, window_overlap)`.
+
+    What users call: `save`, `load`, `reset`, `detach`, `to`, `reorder_cache`, `get_seq_length`. What the model calls,
+    once per step and in this order: `next_step` (plan the step), `start_windows` (rows whose window is full begin the
+    next one, with its `h_prev`), `with_overlap` (the columns re-read), then `append_step` (record the step); and
+    `begin_documents` where a packed document starts. Rows advance independently, so a left-padded batch gives every
+    row what it gets alone. Tensors keep their autograd history; `detach()` between calls truncates it.
+    """
+
+    # generate() asks every cache whether it can be compiled.
+    is_compileable = False
+    # transformers >= 5.24's generate() slices a prompt by get_seq_length() only for a cache with some layer that is
+    # not linear attention (a linear layer has no length); the state has a length.
+    is_linear = (False,)
+    # The model_type this state belongs to: what a saved state's header names, and how copies of this class (the
+    # installed one and one loaded as Hub remote code) recognise each other's states.
+    _family = "recurrent_decoder"
+
+    _BATCH_TENSORS = (
+        "slot_valid",
+        "fill",
+        "window_index",
+        "pooled_sum",
+        "h_prev",
+        "overlap_embeds",
+        "overlap_valid",
+    )
+
+    def __init__(
+        self,
+        config: RecurrentDecoderConfig,
+        batch_size: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+        window_size: int | None = None,
+        window_overlap: int | None = None,
+    ):
+        window_size = config.window_size if window_size is None else window_size
+        window_overlap = config.window_overlap if window_overlap is None else window_overlap
+        config.check_window_schedule(window_size, window_overlap)
+        self._window_size, self._window_overlap = window_size, window_overlap
+        geometry = _cache_geometry(config.text_config)
+        hidden = geometry["hidden_size"]
+        empty_cache = torch.zeros(
+            batch_size, geometry["key_value_heads"], 0, geometry["head_dim"], device=device, dtype=dtype
+        )
+        self.keys = [empty_cache] * geometry["layers"]
+        self.values = [empty_cache] * geometry["layers"]
+        self.slot_valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
+        self.fill = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.window_index = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.pooled_sum = torch.zeros(batch_size, hidden, device=device, dtype=torch.float32)
+        self.h_prev = torch.zeros(batch_size, hidden, device=device, dtype=dtype)
+        self.overlap_embeds = torch.zeros(batch_size, window_overlap, hidden, device=device, dtype=dtype)
+        self.overlap_valid = torch.zeros(batch_size, window_overlap, dtype=torch.bool, device=device)
+        self.seen_tokens = 0
+        # (fill, window_index) shared by every row, known on the host, while no row has read padding: the schedule
+        # is then planned without reading the device. None once rows may differ.
+        self._lockstep: tuple[int, int] | None = (0, 0)
+        self._backbone = config.text_config.model_type
+
+    @property
+    def batch_size(self) -> int:
+        return self.fill.shape[0]
+
+    @property
+    def window_size(self) -> int:
+        """Tokens per window of this state's run (read-only: the rows' fill counts are relative to it)."""
+        return self._window_size
+
+    @property
+    def window_overlap(self) -> int:
+        """Tokens each window re-reads from the one before (read-only: `overlap_embeds` is sized by it)."""
+        return self._window_overlap
+
+    @property
+    def has_h_prev(self) -> torch.Tensor:
+        """(batch,) bool: whether the current window of each row has an `h_prev` (every window but the first)."""
+        return self.window_index > 0
+
+    @property
+    def lockstep(self) -> tuple[int, int] | None:
+        """`(fill, window_index)` of every row while all rows have read the same number of tokens and no padding;
+        None otherwise."""
+        return self._lockstep
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Number of input positions (padding included) consumed so far; what `generate` slices new tokens by."""
+        return self.seen_tokens
+
+    def detach(self) -> "RecurrentDecoderState":
+        """Cut the autograd history of every tensor (truncated BPTT between calls). Returns `self`."""
+        return self._map(torch.Tensor.detach)
+
+    def reset(self) -> "RecurrentDecoderState":
+        """Forget everything: the next token starts a fresh first window. Returns `self`."""
+        self._empty_cache()
+        for name in ("fill", "window_index", "pooled_sum", "h_prev", "overlap_embeds", "overlap_valid"):
+            setattr(self, name, torch.zeros_like(getattr(self, name)))
+        self.seen_tokens = 0
+        self._lockstep = (0, 0)
+        return self
+
+    def to(
+        self, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> "RecurrentDecoderState":
+        """Move to `device`; floating tensors other than the float32 pooled sum are cast to `dtype`. Returns `self`."""
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            cast = dtype if dtype is not None and t.is_floating_point() and t is not self.pooled_sum else None
+            return t.to(device=device, dtype=cast)
+
+        return self._map(move)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Select batch rows (beam search): row `i` becomes old row `beam_idx[i]`."""
+        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> None:
+        """Write the state to a safetensors file (its tensors plus a JSON header: family, format version, model shape,
+        the state's settings), to continue the text later, elsewhere, or with the model loaded as remote code.
+        Autograd history is not saved. Refuses to replace an existing file unless `overwrite=True`."""
+        tensors, header = self._file_contents()
+        _write_state_file(path, tensors, header, overwrite)
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike, config: RecurrentDecoderConfig, device: torch.device | str | None = None
+    ) -> "RecurrentDecoderState":
+        """Read a state written by `save()` for a model with `config`, onto `device` (default: CPU).
+
+        Refuses, naming the difference, a file of another model family, of another backbone or model shape, of
+        another state file format version, or with settings this config cannot run. The state is only meaningful
+        with the weights that produced it; that is not checked.
+        """
+        tensors, header = _read_state_file(path, cls._family, device)
+        _check_state_model_shape(header.get("model_shape", {}), cls._config_model_shape(config), path)
+        return cls._from_file_contents(config, tensors, header, path)
+
+    @classmethod
+    def adopt(cls, state: object, config: RecurrentDecoderConfig) -> "RecurrentDecoderState":
+        """`state` as an instance of this class: itself, or a state of the same family built by another copy of this
+        class (the installed package's vs the one loaded as Hub remote code), rebuilt from its tensors (not copied)."""
+        if isinstance(state, cls):
+            return state
+        if type(state).__name__ != cls.__name__ or getattr(state, "_family", None) != cls._family:
+            # PEFT prefix tuning is the usual source of a transformers Cache here: it pre-fills one with its
+            # virtual tokens, which a state bounded by one window has no place for.
+            raise TypeError(
+                f"{STATE_NAME} must be a {cls.__name__} returned by this model (or saved by one and read with "
+                f"{cls.__name__}.load), got {type(state).__name__}. A transformers Cache cannot carry this model's "
+                "recurrent state, so PEFT prefix tuning (which passes one holding its virtual tokens) is not "
+                "supported; LoRA and prompt tuning are"
+            )
+        tensors, header = state._file_contents()
+        source = f"the {type(state).__module__} state"
+        _check_state_model_shape(header.get("model_shape", {}), cls._config_model_shape(config), source)
+        return cls._from_file_contents(config, tensors, header, source)
+
+    def next_step(self, real: torch.Tensor) -> tuple[torch.Tensor | None, int, int]:
+        """Plan the next step over the input columns still to read, `real` ((batch, remaining) bool, True at real
+        tokens). Returns the rows that begin a new window first ((batch,) bool: a full window and a real token to
+        come; None if no row does), how many tokens those rows re-read (`window_overlap`, or 0 when none begins), and
+        how many columns the step takes: as many as fit in the window of every row that has a real token to come.
+        """
+        if self._lockstep is not None:
+            # Every row begins a window when one does, and nothing is read from the device (`real` is all True).
+            fill, _ = self._lockstep
+            if fill < self.window_size:
+                return None, 0, min(real.shape[1], self.window_size - fill)
+            starting = torch.ones(self.batch_size, dtype=torch.bool, device=self.fill.device)
+            return starting, self.window_overlap, min(real.shape[1], self.window_size - self.window_overlap)
+        pending = real.any(1)
+        starting = (self.fill == self.window_size) & pending
+        if not bool(starting.any()):
+            starting = None
+        reread = self.window_overlap if starting is not None else 0
+        fill = self.fill if starting is None else torch.where(starting, reread, self.fill)  # once the windows begin
+        room = self.window_size - fill
+        width = int(room[pending].min()) if bool(pending.any()) else real.shape[1]
+        return starting, reread, min(real.shape[1], width)
+
+    def leave_lockstep(self) -> None:
+        """The rows may differ from now on (an input with padding): plan every step from the per-row tensors."""
+        self._lockstep = None
+
+    def start_windows(self, starting: torch.Tensor, h_prev: torch.Tensor) -> None:
+        """Begin a new window in the `starting` rows ((batch,) bool): it sees `h_prev` ((batch, hidden), the summary
+        of the window they close; other rows' values are ignored) and starts with an empty cache."""
+        if self._lockstep is not None:
+            # Every row starts: no per-row selection, and the cache empties without being read.
+            self.h_prev = h_prev.to(torch.promote_types(h_prev.dtype, self.h_prev.dtype))  # as torch.where would
+            self.pooled_sum = torch.zeros_like(self.pooled_sum)
+            self.window_index = self.window_index + 1
+            self.fill = torch.zeros_like(self.fill)
+            self._empty_cache()
+            self._lockstep = (0, self._lockstep[1] + 1)
+            return
+        rows = starting[:, None]
+        self.h_prev = torch.where(rows, h_prev, self.h_prev)
+        self.pooled_sum = torch.where(rows, torch.zeros_like(self.pooled_sum), self.pooled_sum)
+        self.window_index = self.window_index + starting.long()
+        self.fill = torch.where(starting, torch.zeros_like(self.fill), self.fill)
+        self.slot_valid = self.slot_valid & ~rows
+        self._compact()
+
+    def begin_documents(self, rows: torch.Tensor) -> None:
+        """Forget the text of the `rows` ((batch,) bool): their next token starts a new document in a first window
+        without `h_prev` or overlap to re-read, as in a new state (a boundary of packed sequences)."""
+        self.leave_lockstep()
+        self.start_windows(rows, torch.zeros_like(self.h_prev))
+        self.window_index = self.window_index.masked_fill(rows, 0)
+        self.overlap_valid = self.overlap_valid & ~rows[:, None]
+
+    def with_overlap(
+        self, embeds: torch.Tensor, real: torch.Tensor, starting: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A step's columns when windows begin: the overlap the `starting` rows re-read (padding in the other rows),
+        then the new columns; (batch, overlap + new, hidden) embeddings and (batch, overlap + new) real mask."""
+        embeds = torch.cat([self.overlap_embeds, embeds], dim=1)
+        real = torch.cat([self.overlap_valid & starting[:, None], real], dim=1)
+        return embeds, real
+
+    def append_step(
+        self,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        step_real: torch.Tensor,
+        pooled: torch.Tensor,
+        new_embeds: torch.Tensor,
+        new_real: torch.Tensor,
+    ) -> None:
+        """Record a step: every layer's cache of the current window, the step's real-token mask `step_real`
+        (batch, cols) (any re-read overlap, then the new columns), the layer-weighted sum of its hidden states
+        `pooled` (batch, hidden), and the new columns' embeddings (batch, new, hidden) and mask (batch, new)."""
+        self.keys, self.values = keys, values
+        self.slot_valid = torch.cat([self.slot_valid, step_real], dim=1)
+        if self.slot_valid.shape[1] > self.window_size:
+            # Padding columns occupy slots without filling windows; drop them so memory stays one window.
+            self._compact()
+        self.fill = self.fill + step_real.sum(1)
+        if self._lockstep is not None:
+            self._lockstep = (self._lockstep[0] + step_real.shape[1], self._lockstep[1])
+        self.pooled_sum = self.pooled_sum + pooled
+        self._remember_overlap(new_embeds, new_real)
+        self.seen_tokens += new_real.shape[1]
+
+    def window_summary(self) -> torch.Tensor:
+        """(batch, hidden) float32: each row's layer-weighted hidden states averaged over its current window."""
+        return self.pooled_sum / self.fill.clamp(min=1)[:, None]
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "RecurrentDecoderState":
+        self.keys = [fn(k) for k in self.keys]
+        self.values = [fn(v) for v in self.values]
+        for name in self._BATCH_TENSORS:
+            setattr(self, name, fn(getattr(self, name)))
+        return self
+
+    def _compact(self) -> None:
+        """Drop cache slots that no row needs, moving each row's valid slots to the right."""
+        slots = self.slot_valid.shape[1]
+        width = int(self.slot_valid.sum(1).max()) if slots else 0
+        if width == slots:
+            return
+        if width == 0:
+            self._empty_cache()
+            return
+        index = _right_packing_index(self.slot_valid, width)
+        self.keys = [_gather_slots(k, index, 2) for k in self.keys]
+        self.values = [_gather_slots(v, index, 2) for v in self.values]
+        self.slot_valid = self.slot_valid.gather(1, index)
+
+    def _empty_cache(self) -> None:
+        # Fresh empty tensors: a gather or a slice would keep the dropped keys' storage alive in the autograd graph.
+        self.keys = [k.new_zeros(*k.shape[:2], 0, k.shape[3]) for k in self.keys]
+        self.values = [v.new_zeros(*v.shape[:2], 0, v.shape[3]) for v in self.values]
+        self.slot_valid = self.slot_valid.new_zeros(self.batch_size, 0)
+
+    def _remember_overlap(self, embeds: torch.Tensor, real: torch.Tensor) -> None:
+        """Keep the embeddings of the last `window_overlap` real tokens: (batch, new, hidden), (batch, new)."""
+        if self.window_overlap == 0:
+            return
+        embeds = torch.cat([self.overlap_embeds, embeds], dim=1)
+        real = torch.cat([self.overlap_valid, real], dim=1)
+        index = _right_packing_index(real, self.window_overlap)
+        self.overlap_embeds = _gather_slots(embeds, index, 1)
+        self.overlap_valid = real.gather(1, index)
+
+    @staticmethod
+    def _config_model_shape(config: RecurrentDecoderConfig) -> dict:
+        """The backbone and sizes of a model that a state belongs to, as a saved state records them."""
+        return {"backbone": config.text_config.model_type, **_cache_geometry(config.text_config)}
+
+    def _file_contents(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """Every tensor by name and the header that lets `_from_file_contents` rebuild the state."""
+        tensors = {name: getattr(self, name) for name in self._BATCH_TENSORS}
+        for i, (key, value) in enumerate(zip(self.keys, self.values, strict=True)):
+            tensors[f"keys.{i}"], tensors[f"values.{i}"] = key, value
+        key = self.keys[0]  # (batch, kv_heads, slots, head_dim)
+        header = {
+            "family": self._family,
+            "window_size": self.window_size,
+            "window_overlap": self.window_overlap,
+            "seen_tokens": self.seen_tokens,
+            "lockstep": self._lockstep,
+            "model_shape": {
+                "backbone": self._backbone,
+                "layers": len(self.keys),
+                "key_value_heads": key.shape[1],
+                "head_dim": key.shape[3],
+                "hidden_size": self.h_prev.shape[1],
+            },
+        }
+        return tensors, header
+
+    @classmethod
+    def _from_file_contents(
+        cls, config: RecurrentDecoderConfig, tensors: dict[str, torch.Tensor], header: dict, source: object
+    ) -> "RecurrentDecoderState":
+        """The state that `_file_contents` described, checked tensor by tensor against a fresh one's shapes."""
+        try:
+            window_size, window_overlap = header["window_size"], header["window_overlap"]
+            batch = tensors["fill"].shape[0]
+            layers = config.text_config.num_hidden_layers
+            keys = [tensors[f"keys.{i}"] for i in range(layers)]
+            values = [tensors[f"values.{i}"] for i in range(layers)]
+        except KeyError as error:
+            raise ValueError(f"{source} is not a complete recurrent state: it lacks {error}") from None
+        state = cls(
+            config,
+            batch,
+            tensors["fill"].device,
+            keys[0].dtype,
+            window_size=window_size,
+            window_overlap=window_overlap,
+        )
+        slots = tensors["slot_valid"].shape[1] if "slot_valid" in tensors else 0
+        for name in cls._BATCH_TENSORS:
+            fresh, given = getattr(state, name), tensors.get(name)
+            expected = (batch, slots) if name == "slot_valid" else fresh.shape
+            if given is None or given.shape != expected or given.dtype != fresh.dtype:
+                raise ValueError(
+                    f"{source} has a malformed {name!r}: expected {tuple(expected)} {fresh.dtype}, got "
+                    f"{None if given is None else (tuple(given.shape), given.dtype)}"
+                )
+            setattr(state, name, given)
+        expected_cache = (batch, state.keys[0].shape[1], slots, state.keys[0].shape[3])
+        for name, cache in (("keys", keys), ("values", values)):
+            if any(t.shape != expected_cache for t in cache):
+                raise ValueError(
+                    f"{source} has {name} of shapes {[tuple(t.shape) for t in cache]}, expected {expected_cache}"
+                )
+        state.keys, state.values = keys, values
+        state.seen_tokens = int(header.get("seen_tokens", 0))
+        lockstep = header.get("lockstep")
+        if lockstep is not None:
+            fill, window_index = lockstep
+            if not (bool((state.fill == fill).all()) and bool((state.window_index == window_index).all())):
+                raise ValueError(
+                    f"{source} claims every row at fill {fill} of window {window_index}, which its rows are not"
+                )
+            lockstep = (fill, window_index)
+        state._lockstep = lockstep
+        return state
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}(backbone={self._backbone!r}, batch_size={self.batch_size}, "
+            f"seen_tokens={self.seen_tokens}, window_size={self.window_size}, window_overlap={self.window_overlap}, "
+            f"fill={self.fill.tolist()}, window_index={self.window_index.tolist()}, "
+            f"cache_slots={self.slot_valid.shape[1]})"
+        )
+
+
+# A dataclass's field names are fixed when the class is made, and transformers 5.24's generate() reads
+# `outputs.cache`: the state's field takes the installed version's name.
+RecurrentDecoderCausalLMOutput = make_dataclass(
+    "RecurrentDecoderCausalLMOutput",
+    [
+        ("loss", torch.FloatTensor | None, field(default=None)),
+        ("logits", torch.FloatTensor | None, field(default=None)),
+        (STATE_NAME, RecurrentDecoderState | None, field(default=None)),
+        ("hidden_states", tuple[torch.FloatTensor, ...] | None, field(default=None)),
+        ("attentions", tuple[torch.FloatTensor, ...] | None, field(default=None)),
+    ],
+    bases=(ModelOutput,),
+    namespace={
+        "__module__": __name__,
+        "__doc__": """
+    Args:
+        loss (`torch.FloatTensor` of shape `()`, *optional*):
+            Causal language-modelling loss over the whole input (each token predicted once), when `labels` is given.
+        logits (`torch.FloatTensor` of shape `(batch_size, kept_positions, vocab_size)`, *optional*):
+            Next-token scores from the backbone's own head. Omitted when `labels` is given, unless
+            `return_logits=True`.
+        past_key_values ([`RecurrentDecoderState`], *optional*):
+            State to continue from, returned when `use_cache=True`; the field is named `cache` from transformers 5.24
+            on (`past_key_values` still reads it there).
+        hidden_states (`tuple(torch.FloatTensor)`, *optional*):
+            Embedding output and every layer's output (the last after the final norm), `(batch_size,
+            sequence_length, hidden_size)` each.
+        attentions (`tuple(torch.FloatTensor)`, *optional*):
+            Every layer's attention weights, `(batch_size, num_heads, sequence_length, 1 + window_size)` each:
+            column 0 is `h_prev` (zero outside the insertion layer and in a row's first window), column `1 + j` is
+            position `j` of the query's own window. Rows of padding positions are zero.
+    """,
+    },
+)
+
+
+@dataclass
+class _StepOutput:
+    logits: torch.Tensor | None  # (batch, kept, vocab) the head's scores of the step's kept columns
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    pooled: torch.Tensor  # (batch, hidden) float32 layer-weighted sum over the step's real positions
+    all_hidden: tuple[torch.Tensor, ...] | None  # embedding output and every layer's, (batch, new, hidden) each
+    head: torch.Tensor | None  # what step_head returned (the window's loss)
+    attentions: tuple[torch.Tensor, ...] | None  # per layer, (batch, head, new, 1 + window_size)
+
+    def flat(self) -> tuple[torch.Tensor | None, ...]:
+        return (
+            self.logits,
+            self.pooled,
+            self.head,
+            *self.keys,
+            *self.values,
+            *(self.all_hidden or ()),
+            *(self.attentions or ()),
+        )
+
+    @classmethod
+    def from_flat(cls, flat: tuple[torch.Tensor | None, ...], num_layers: int, settings: "_StepSettings"):
+        logits, pooled, head = flat[:3]
+        keys, values = list(flat[3 : 3 + num_layers]), list(flat[3 + num_layers : 3 + 2 * num_layers])
+        rest = flat[3 + 2 * num_layers :]
+        all_hidden = rest[: num_layers + 1] if settings.output_hidden_states else None
+        attentions = rest[-num_layers:] if settings.output_attentions else None
+        return cls(logits, keys, values, pooled, all_hidden, head, attentions)
+
+
+@dataclass(frozen=True)
+class _StepSettings:
+    """What a step needs besides tensors."""
+
+    num_new: int  # the step's new columns (after any re-read overlap)
+    window_size: int
+    # The step columns whose logits the backbone's head computes: an int keeps the last ones, a 1D tensor those
+    # indices (empty: none); None computes no logits.
+    logits_to_keep: int | torch.Tensor | None
+    step_head: Callable | None  # run on the step's logits and targets (a window's loss)
+    output_hidden_states: bool
+    output_attentions: bool
+    # Known on the host when the rows are in lockstep (None: read from the step's tensors): whether the rows have
+    # an h_prev, and whether every column of the step is a real token.
+    uses_h_prev: bool | None = None
+    all_real: bool | None = None
+
+
+def _concat_layers(per_step: list[tuple[torch.Tensor, ...]], dim: int) -> tuple[torch.Tensor, ...]:
+    """Per-layer tensors of consecutive steps joined along their sequence dimension `dim`."""
+    return tuple(torch.cat(layer, dim=dim) for layer in zip(*per_step, strict=True))
+
+
+@dataclass
+class _WindowsRun:
+    """One call's window steps and the state they advanced; builds the outputs."""
+
+    state: RecurrentDecoderState
+    steps: list[_StepOutput]
+    output_hidden_states: bool
+    output_attentions: bool
+
+    def logits(self) -> torch.Tensor:
+        """(batch, kept, vocab) the kept positions' logits, in input order."""
+        return torch.cat([s.logits for s in self.steps], dim=1)
+
+    def head_outputs(self) -> list[torch.Tensor]:
+        """What the step head returned, one per step."""
+        return [s.head for s in self.steps]
+
+    def outputs(self, use_cache: bool | None) -> dict:
+        """The output fields besides loss and logits: the state (unless `use_cache=False`), hidden states,
+        attentions."""
+        return {
+            STATE_NAME: self.state if use_cache is not False else None,
+            "hidden_states": (
+                _concat_layers([s.all_hidden for s in self.steps], dim=1) if self.output_hidden_states else None
+            ),
+            "attentions": (
+                _concat_layers([s.attentions for s in self.steps], dim=2) if self.output_attentions else None
+            ),
+        }
+
+
+class _KeptColumns:
+    """Which input columns a call returns logits for (`logits_to_keep`), and each step's share of them."""
+
+    def __init__(self, logits_to_keep: int | torch.Tensor, length: int, device: torch.device):
+        self.order = None
+        self.device = device
+        if isinstance(logits_to_keep, int):
+            if logits_to_keep < 0:
+                raise ValueError(f"logits_to_keep must be >= 0 or a tensor of positions, got {logits_to_keep}")
+            self.first = length - logits_to_keep if 0 < logits_to_keep < length else 0
+            self.columns = None
+            return
+        if logits_to_keep.dim() != 1:
+            raise ValueError(
+                f"logits_to_keep must be an int or a 1D tensor of positions, got shape {tuple(logits_to_keep.shape)}"
+            )
+        # Absolute, sorted and unique (negative positions count from the end); `order` restores the caller's order.
+        absolute = torch.arange(length, device=device)[logits_to_keep.to(device)]
+        self.columns, self.order = torch.unique(absolute, sorted=True, return_inverse=True)
+
+    def in_step(self, start: int, stop: int, reread: int) -> int | torch.Tensor:
+        """The kept columns among the step's new columns `[start, stop)`, for the backbone's `logits_to_keep`: the
+        step's last ones (an int), or indices into the step's columns (which begin with `reread` re-read ones)."""
+        if self.columns is None:
+            kept = stop - max(start, self.first)
+            # 0 would mean "all" to the backbone.
+            return kept if kept > 0 else torch.zeros(0, dtype=torch.long, device=self.device)
+        inside = self.columns[(self.columns >= start) & (self.columns < stop)]
+        return inside - start + reread
+
+
+class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
+    """A stock transformers decoder (`backbone`) that reads text window by window with the paper's recurrence.
+
+    `from_pretrained(<a stock checkpoint of a supported family>, window_size=..., window_overlap=...,
+    insertion_layer=...)` loads every stock weight unchanged; only `recurrence.*` is new. Saved checkpoints keep the
+    stock layout (`model.*`, `lm_head.*`) plus `recurrence.*`.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from transformers import LlamaConfig
+    >>> from hf_recurrence import RecurrentDecoderConfig, RecurrentDecoderForCausalLM
+
+    >>> backbone = LlamaConfig(
+    ...     vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    ...     num_key_value_heads=2, max_position_embeddings=32,
+    ... )
+    >>> config = RecurrentDecoderConfig(text_config=backbone, window_size=16, insertion_layer=1)
+    >>> model = RecurrentDecoderForCausalLM(config)
+    >>> ids = torch.randint(0, 100, (2, 100))  # 7 windows, far past max_position_embeddings
+    >>> model(ids, labels=ids).loss.shape
+    torch.Size([])
+
+    ```
+    """
+
+    config_class = RecurrentDecoderConfig
+    base_model_prefix = "backbone"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _is_stateful = True
+    # Buffers that old GPT-2 checkpoints still carry.
+    _keys_to_ignore_on_load_unexpected = [r"\.attn\.masked_bias$", r"\.attn\.bias$"]
+
+    def __init__(self, config: RecurrentDecoderConfig):
+        super().__init__(config)
+        check_backbone(config.text_config)
+        config.check_recurrence_settings()
+        # transformers' own class for the backbone; it shares `config.text_config`.
+        self.backbone = AutoModelForCausalLM.from_config(config.text_config)
+        self._check_backbone_model()
+        self.recurrence = RecurrentDecoderRecurrence(config)
+        self.window_step = RecurrentDecoderWindowStep()
+        # The attention the recurrence runs on: the one asked for, else the one transformers chose for the backbone.
+        inner = self.config._attn_implementation or self.backbone.config._attn_implementation
+        self.config._attn_implementation_internal = inner.removeprefix(RECURRENT_PREFIX)
+        self._bind_attention()
+        # transformers picks the loss from the class-name suffix; set it so no lookup warns.
+        self.loss_type = "ForCausalLM"
+        self.post_init()
+
+    def _check_backbone_model(self) -> None:
+        """Refuse, at construction, a backbone whose layers the recurrence cannot reach as it expects."""
+        family = self.config.text_config.model_type
+        stock = type(self.backbone)
+        if not stock._can_set_attn_implementation():
+            raise ValueError(
+                f"RecurrentDecoder cannot run over a {family!r} backbone: {stock.__name__} does not call transformers' "
+                "attention interface, which is where h_prev joins the keys/values"
+            )
+        norm = PRE_ATTENTION_NORMS[family]
+        geometry = _cache_geometry(self.config.text_config)
+        for i, layer in enumerate(_decoder_layers(self.backbone)):
+            attention = _attention_module(layer)
+            problems = []
+            if getattr(attention, "layer_idx", None) != i:
+                problems.append(f"its attention's layer_idx is {getattr(attention, 'layer_idx', None)!r}")
+            if getattr(attention, "head_dim", None) != geometry["head_dim"]:
+                problems.append(f"its attention's head_dim is {getattr(attention, 'head_dim', None)!r}")
+            if norm is not None and not hasattr(layer, norm):
+                problems.append(f"it has no pre-attention norm {norm!r}")
+            if not hasattr(sys.modules[type(attention).__module__], "eager_attention_forward"):
+                problems.append("its module has no eager_attention_forward")
+            if problems:
+                raise ValueError(
+                    f"RecurrentDecoder cannot run over this {family!r} backbone: layer {i} ({type(layer).__name__}) "
+                    f"does not have the expected layout: {'; '.join(problems)}"
+                )
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # generate() must not hand us a DynamicCache: the model creates and returns its own RecurrentDecoderState.
+        return False
+
+    def _check_and_adjust_attn_implementation(
+        self, attn_implementation: str | None, is_init_check: bool = False, allow_all_kernels: bool = False
+    ) -> str | None:
+        # Only attention that takes an arbitrary per-row mask over extra keys can carry h_prev and the window cache.
+        if attn_implementation is None:
+            return None
+        name = attn_implementation.removeprefix(RECURRENT_PREFIX)
+        self._check_inner_attention(name)
+        return super()._check_and_adjust_attn_implementation(name, is_init_check, allow_all_kernels)
+
+    def _check_inner_attention(self, name: str) -> None:
+        """Raise `ValueError` unless the recurrence can run on the attention implementation `name`."""
+        if name not in INNER_ATTENTIONS:
+            raise ValueError(
+                f"attn_implementation={name!r} cannot carry the recurrence of {type(self).__name__} over a "
+                f"{self.config.text_config.model_type!r} backbone: h_prev and the window cache need a custom per-row "
+                f"attention mask, which flash, flex and kernel attention do not take; use one of {list(INNER_ATTENTIONS)}"
+            )
+
+    def set_attn_implementation(self, attn_implementation: str | dict, allow_all_kernels: bool = False) -> None:
+        # transformers would also give the backbone the plain name: a stock model without the recurrence.
+        super().set_attn_implementation(attn_implementation, allow_all_kernels)
+        self._bind_attention()
+
+    def _bind_attention(self) -> None:
+        """Run the backbone under `recurrent_<inner>`, `<inner>` being this model's attention implementation.
+
+        Checked before every forward, because transformers (set_attn_implementation, a config's setter) may have
+        given the backbone a plain name since; the backbone's own class validates the inner implementation.
+        """
+        inner = self.config._attn_implementation
+        wanted = RECURRENT_PREFIX + inner
+        backbone_config = self.backbone.config
+        if backbone_config._attn_implementation != wanted:
+            # The config setter reaches this model's config unchecked.
+            self._check_inner_attention(inner)
+            self.backbone.get_correct_attn_implementation(inner)
+            backbone_config._attn_implementation_internal = wanted
+
+    def _set_gradient_checkpointing(self, *args, **kwargs) -> None:
+        super()._set_gradient_checkpointing(*args, **kwargs)
+        # Whole window steps are recomputed (`RecurrentDecoderWindowStep`); the stock layers inside need not be.
+        for module in self.backbone.modules():
+            if hasattr(module, "gradient_checkpointing"):
+                module.gradient_checkpointing = False
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, RecurrentDecoderRecurrence):
+            # Equal layer weights to start with: the summary is the plain mean over layers.
+            init.zeros_(module.layer_weight_logits)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.backbone.get_input_embeddings()
+
+    def set_input_embeddings(self, new_embeddings: nn.Module) -> None:
+        self.backbone.set_input_embeddings(new_embeddings)
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.backbone.get_output_embeddings()
+
+    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
+        self.backbone.set_output_embeddings(new_embeddings)
+
+    def new_state(
+        self, batch_size: int, window_size: int | None = None, window_overlap: int | None = None
+    ) -> RecurrentDecoderState:
+        """A fresh state for `batch_size` rows on the model's device and dtype, to pass as `past_key_values`; its
+        window schedule defaults to the config's."""
+        weight = self.get_input_embeddings().weight
+        return RecurrentDecoderState(
+            self.config,
+            batch_size,
+            weight.device,
+            weight.dtype,
+            window_size=window_size,
+            window_overlap=window_overlap,
+        )
+
+    def load_state(self, path: str | os.PathLike) -> RecurrentDecoderState:
+        """A state written by `RecurrentDecoderState.save`, read onto the model's device (see
+        `RecurrentDecoderState.load` for what is checked)."""
+        return RecurrentDecoderState.load(path, self.config, self.device)
+
+    def _prepare_cache_for_generation(self, generation_config: GenerationConfig, model_kwargs: dict, *args, **kwargs):
+        # generate() would only warn that a cache_implementation "will be ignored" and run anyway.
+        if generation_config.cache_implementation is not None:
+            raise ValueError(
+                f"cache_implementation={generation_config.cache_implementation!r} cannot be honoured by "
+                f"{type(self).__name__}: the model carries its own recurrent state of bounded size (returned as "
+                f"{STATE_NAME}) instead of a transformers Cache, so there is no cache to choose. Remove "
+                "cache_implementation from the generate() call or from the generation config (generation_config.json)"
+            )
+        return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+
+    def init_continuous_batching(self, *args, **kwargs):
+        # generate(cache_implementation="paged") and generate_batch() come here, past _prepare_cache_for_generation.
+        raise ValueError(
+            f"Continuous batching (cache_implementation='paged', generate_batch()) cannot be used with "
+            f"{type(self).__name__}: it needs a paged key/value cache, and the model carries its own recurrent state "
+            "instead. Call generate() without cache_implementation; batched prompts may be left-padded"
+        )
+
+    def _step(
+        self,
+        settings: _StepSettings,
+        embeds: torch.Tensor,
+        real: torch.Tensor,
+        fill: torch.Tensor,
+        slot_valid: torch.Tensor,
+        has_h_prev: torch.Tensor,
+        h_prev: torch.Tensor,
+        targets: torch.Tensor | None,
+        *past: torch.Tensor,
+    ) -> _StepOutput:
+        """Run the backbone over one stretch of columns that stays inside each row's current window.
+
+        embeds: (batch, cols, hidden) token embeddings (a re-read overlap prefix, then `num_new` new columns);
+        real: (batch, cols) bool; fill: (batch,) tokens already in each row's window; `past` = the cached keys of
+        every layer, then their values. Pure in its tensor arguments, so it can be recomputed under checkpointing.
+        """
+        layers = _decoder_layers(self.backbone)
+        num_layers, num_new = len(layers), settings.num_new
+        positions = (fill[:, None] + real.cumsum(1) - 1).clamp(min=0)  # (batch, cols): restart in every window
+        eager = settings.output_attentions or self.config._attn_implementation == "eager"
+        plain_mask, inserted_mask = _attention_masks(
+            real, slot_valid, has_h_prev, embeds.dtype, eager, settings.all_real
+        )
+        use_h_prev = settings.uses_h_prev if settings.uses_h_prev is not None else bool(has_h_prev.any())
+        insertion_layer = self.config.insertion_layer
+        norm = PRE_ATTENTION_NORMS[self.config.text_config.model_type]
+        ctx = _StepContext(
+            insertion_layer,
+            eager,
+            [(past[i], past[num_layers + i]) if past[i].shape[2] else None for i in range(num_layers)],
+            plain_mask,
+            inserted_mask,
+            h_prev if use_h_prev else None,
+            getattr(layers[insertion_layer], norm) if norm is not None else nn.Identity(),
+            settings.output_attentions,
+        )
+        keep = settings.logits_to_keep
+        out = self.backbone(
+            inputs_embeds=embeds,
+            position_ids=positions,
+            use_cache=False,
+            output_hidden_states=True,
+            logits_to_keep=keep if keep is not None else torch.zeros(0, dtype=torch.long),
+            recurrence=ctx,
+            return_dict=True,
+        )
+        if len(ctx.keys) != num_layers:
+            # A layer whose attention never reached `recurrent_attention` ran as a stock layer, without h_prev or
+            # the window cache: the result would be silently wrong.
+            raise RuntimeError(
+                f"Only layers {sorted(ctx.keys)} of the {num_layers} layers of the "
+                f"{self.config.text_config.model_type!r} backbone ran through the recurrent attention (backbone "
+                f"attn_implementation={self.backbone.config._attn_implementation!r})"
+            )
+        # Each layer's share of the pooled sum is one batched product: (batch, 1, cols) weights of the real columns
+        # times (batch, cols, hidden) states, accumulated into (batch, 1, hidden).
+        real_weights = self.recurrence.layer_weights()[:, None, None, None] * real.float()[None, :, None, :]
+        pooled = torch.zeros(embeds.shape[0], 1, embeds.shape[2], device=embeds.device)
+        eps = getattr(self.config.text_config, "rms_norm_eps", None) or 1e-6
+        for i, layer_states in enumerate(out.hidden_states[1:]):  # layer outputs, the last after the final norm
+            states = layer_states.float()
+            if self.config.normalize_pooled_states:
+                states = states * torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + eps)
+            pooled = torch.baddbmm(pooled, real_weights[i], states)
+        attentions = None
+        if settings.output_attentions:
+            key_valid = torch.cat([slot_valid, real], dim=1)  # (batch, slots + cols)
+            attentions = tuple(
+                _window_attentions(
+                    weights[:, :, -num_new:], key_valid, inserting, settings.window_size, real[:, -num_new:]
+                )
+                for weights, inserting in (ctx.weights[i] for i in range(num_layers))
+            )
+        all_hidden = tuple(h[:, -num_new:] for h in out.hidden_states) if settings.output_hidden_states else None
+        logits = out.logits if keep is not None else None
+        head = settings.step_head(logits, targets) if settings.step_head is not None else None
+        return _StepOutput(
+            None if settings.step_head is not None else logits,
+            [ctx.keys[i] for i in range(num_layers)],
+            [ctx.values[i] for i in range(num_layers)],
+            pooled[:, 0],
+            all_hidden,
+            head,
+            attentions,
+        )
+
+    def _next_h_prev(self, state: RecurrentDecoderState) -> torch.Tensor:
+        """(batch, hidden) the `h_prev` of each row's next window: its current window's summary through the FFN
+        (zeros instead of the summary for the control arm, `recurrence_input="zeros"`)."""
+        summary = state.window_summary()
+        if self.config.recurrence_input == "zeros":
+            summary = torch.zeros_like(summary)
+        k = self.config.bptt_windows
+        if k is not None and self.training:
+            # Windows 1..k+1, k+2..2k+2, ... form the runs gradient may cross; cut at the window before each run.
+            cut = (state.window_index % (k + 1) == 0)[:, None]
+            summary = torch.where(cut, summary.detach(), summary)
+        return self.recurrence(summary.to(state.h_prev.dtype))
+
+    def _forward_windows(
+        self,
+        inputs_embeds: torch.Tensor,
+        real: torch.Tensor,
+        document_starts: torch.Tensor | None,
+        state: RecurrentDecoderState,
+        kept: _KeptColumns | None,
+        step_targets: torch.Tensor | None,
+        step_head: Callable | None,
+        output_hidden_states: bool,
+        output_attentions: bool,
+    ) -> list[_StepOutput]:
+        """Feed (batch, length, hidden) embeddings through the state's window schedule, advancing it in place.
+
+        Each step covers columns that stay inside every row's current window; a row whose window is full begins a
+        new one (re-reading its overlap) just before its next real token. At the `document_starts` ((batch, length)
+        bool, packed sequences) a row forgets its text, so each document is read as if alone from a new state.
+        `kept`: the columns to compute logits for (None: none).
+        """
+        length = inputs_embeds.shape[1]
+        if state.lockstep is not None and not bool(real.all()):  # the call's one read of the device
+            state.leave_lockstep()
+        # Steps also begin at every column where some row starts a document, so that no step spans two documents.
+        boundaries = [] if document_starts is None else document_starts.any(0).nonzero()[:, 0].tolist()
+        boundaries.append(length)
+        steps = []
+        start = 0
+        while start < length:
+            if start == boundaries[0]:
+                boundaries.pop(0)
+                state.begin_documents(document_starts[:, start])
+            starting, reread, width = state.next_step(real[:, start:])
+            if starting is not None:
+                state.start_windows(starting, self._next_h_prev(state))
+            width = min(width, boundaries[0] - start)
+            stop = start + width
+            new_embeds, new_real = inputs_embeds[:, start:stop], real[:, start:stop]
+            embeds, step_real = (
+                state.with_overlap(new_embeds, new_real, starting) if reread else (new_embeds, new_real)
+            )
+            lockstep = state.lockstep
+            settings = _StepSettings(
+                num_new=width,
+                window_size=state.window_size,
+                logits_to_keep=kept.in_step(start, stop, reread) if kept is not None else None,
+                step_head=step_head,
+                output_hidden_states=output_hidden_states,
+                output_attentions=output_attentions,
+                uses_h_prev=None if lockstep is None else lockstep[1] > 0,
+                all_real=None if lockstep is None else True,
+            )
+            args = (
+                embeds,
+                step_real,
+                state.fill,
+                state.slot_valid,
+                state.has_h_prev,
+                state.h_prev,
+                step_targets[:, start:stop].contiguous() if step_targets is not None else None,
+                *state.keys,
+                *state.values,
+            )
+            step = _StepOutput.from_flat(self.window_step(self._step, settings, *args), len(state.keys), settings)
+            state.append_step(step.keys, step.values, step_real, step.pooled, new_embeds, new_real)
+            # The state owns the cache now; a reference left here would keep every window's cache alive until return.
+            step.keys = step.values = []
+            steps.append(step)
+            start = stop
+        return steps
+
+    def _prepare(
+        self,
+        input_ids: torch.LongTensor | None,
+        attention_mask: torch.Tensor | None,
+        state: RecurrentDecoderState | None,
+        inputs_embeds: torch.Tensor | None,
+        kwargs: dict,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, RecurrentDecoderState]:
+        """Validate the inputs; return the new positions' embeddings, their real-token mask, where packed documents
+        start (from `position_ids`, see `_document_starts`) and the state."""
+        if kwargs.get("token_type_ids") is not None:
+            raise ValueError(f"token_type_ids are not supported by {type(self).__name__}")
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            if input_ids.dim() != 2:
+                raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
+            inputs_embeds = self.get_input_embeddings()(input_ids)
+        batch, length = inputs_embeds.shape[:2]
+        if length == 0:
+            raise ValueError("The input is empty (length 0)")
+        # The config may have been changed since the model was built; integer checks only, no device sync.
+        self.config.check_model_settings()
+        self._bind_attention()
+        if state is None:
+            state = RecurrentDecoderState(self.config, batch, inputs_embeds.device, inputs_embeds.dtype)
+        else:
+            state = RecurrentDecoderState.adopt(state, self.config)
+            if state.batch_size != batch:
+                raise ValueError(f"{STATE_NAME} holds {state.batch_size} rows but the input has batch size {batch}")
+            self.config.check_window_schedule(state.window_size, state.window_overlap)
+        if attention_mask is None:
+            real = torch.ones(batch, length, dtype=torch.bool, device=inputs_embeds.device)
+        else:
+            if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] < length:
+                raise ValueError(
+                    f"attention_mask must be (batch, length) for the new tokens or (batch, past + length) as "
+                    f"generate() passes it; got shape {tuple(attention_mask.shape)} for input of shape "
+                    f"{(batch, length)}"
+                )
+            real = attention_mask[:, -length:].to(device=inputs_embeds.device, dtype=torch.bool)
+        continuing = state.get_seq_length() > 0
+        # Positions themselves restart in every window and come from the window schedule (so forward() has no
+        # position_ids parameter, and generate() builds none); given ones only mark where packed documents start.
+        document_starts = _document_starts(kwargs.get("position_ids"), real, continuing)
+        return inputs_embeds, real, document_starts, state
+
+    def _targets(
+        self,
+        labels: torch.Tensor | None,
+        shift_labels: torch.Tensor | None,
+        inputs: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """(batch, length) target of every new position, -100 where none: `shift_labels` as given (Trainer passes
+        pre-shifted targets under context parallelism and sequence packing), else `labels` shifted left by one; none
+        at the last token of a packed document (`position_ids`)."""
+        targets = shift_labels
+        if targets is None:
+            if labels is None:
+                return None
+            targets = nn.functional.pad(labels[:, 1:], (0, 1), value=-100)
+        if inputs is None:  # _prepare says what is missing
+            return targets
+        if targets.shape != inputs.shape[:2]:
+            given = "shift_labels" if shift_labels is not None else "labels"
+            raise ValueError(
+                f"{given} must have the input's shape {tuple(inputs.shape[:2])}, got {tuple(targets.shape)}"
+            )
+        return _drop_cross_document_targets(targets.to(inputs.device), position_ids)
+
+    def _loss(self, logits: torch.Tensor, shift_labels: torch.Tensor, num_items: torch.Tensor | int) -> torch.Tensor:
+        """Summed cross-entropy of already shifted labels, divided by the item count of the whole input."""
+        return self.loss_function(
+            logits, None, self.config.text_config.vocab_size, shift_labels=shift_labels, num_items_in_batch=num_items
+        )
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: RecurrentDecoderState | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_logits: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        return_dict: bool | None = None,
+        cache: RecurrentDecoderState | None = None,
+        **kwargs,
+    ) -> RecurrentDecoderCausalLMOutput:
+        r"""
+        Args:
+            input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`):
+                Token ids; with `past_key_values`, only the new tokens.
+            attention_mask (`torch.Tensor` of shape `(batch_size, sequence_length)`, *optional*):
+                1 for real tokens, 0 for padding (anywhere; padding never changes real tokens' outputs). May also
+                cover the past tokens, as `generate()` passes it; then its last `sequence_length` columns are used.
+            past_key_values or cache ([`RecurrentDecoderState`], *optional*):
+                State returned by a previous call, or a fresh one with another window schedule (`new_state`); the
+                input continues that text exactly. Either name on any supported transformers (`cache` is its name
+                from transformers 5.24 on).
+            inputs_embeds (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`, *optional*):
+                Token embeddings instead of `input_ids` (before any scaling the backbone applies to them).
+            labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+                Targets, usually `input_ids`; shifted inside the model (`-100` is ignored). The loss is computed
+                window by window, so the `(tokens, vocab)` logits are never materialised for it.
+            use_cache (`bool`, *optional*, defaults to `True`):
+                Whether to return the state. `config.use_cache` is not consulted: `Trainer` switches it off for
+                training, and a recurrent model's state is part of its result.
+            output_hidden_states (`bool`, *optional*):
+                Whether to return the embedding output and every layer's output.
+            output_attentions (`bool`, *optional*):
+                Whether to return every layer's attention weights, laid out by window position (see
+                [`RecurrentDecoderCausalLMOutput`]); computed with the backbone's eager attention.
+            return_logits (`bool`, *optional*):
+                Whether to return the logits. Defaults to `True` without `labels` and `False` with them.
+            logits_to_keep (`int` or `torch.Tensor`, *optional*, defaults to 0):
+                An int: the logits of the last `logits_to_keep` positions only (0: all), as `generate()` asks for
+                when it reads a prompt. A 1D tensor: the positions to keep. Not combinable with `labels`.
+            position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+                Only marks packed documents (positions restart in every window): positions count up by one within a
+                document and restart at 0 where the next one begins; each document is then read as if alone.
+            num_items_in_batch (`int` or `torch.Tensor`, *optional*):
+                Passed by `Trainer` under gradient accumulation: the loss is summed and divided by it.
+            shift_labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+                Targets already aligned with the positions that predict them; used as given instead of shifting
+                `labels`.
+        """
+        keeps_some = not isinstance(logits_to_keep, int) or logits_to_keep != 0
+        if keeps_some and (labels is not None or kwargs.get("shift_labels") is not None):
+            raise ValueError(
+                f"logits_to_keep={logits_to_keep} cannot be combined with labels: the loss needs every position"
+            )
+        inputs = input_ids if input_ids is not None else inputs_embeds
+        shift_labels = self._targets(labels, kwargs.get("shift_labels"), inputs, kwargs.get("position_ids"))
+        keep_logits = shift_labels is None if return_logits is None else return_logits
+        num_items = None
+        if shift_labels is not None:
+            num_items = kwargs.get("num_items_in_batch")
+            if num_items is None:
+                num_items = (shift_labels != -100).sum()
+
+        def window_loss(logits: torch.Tensor, step_labels: torch.Tensor) -> torch.Tensor:
+            return self._loss(logits, step_labels, num_items)  # one window's (batch, new, vocab) logits
+
+        loss_per_window = shift_labels is not None and not keep_logits
+        embeds, real, document_starts, state = self._prepare(
+            input_ids, attention_mask, _given_state(past_key_values, cache), inputs_embeds, kwargs
+        )
+        kept = None
+        if keep_logits or loss_per_window:
+            kept = _KeptColumns(logits_to_keep if keep_logits else 0, embeds.shape[1], embeds.device)
+        output_hidden_states = bool(
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
+        steps = self._forward_windows(
+            embeds,
+            real,
+            document_starts,
+            state,
+            kept,
+            shift_labels if loss_per_window else None,
+            window_loss if loss_per_window else None,
+            output_hidden_states,
+            output_attentions,
+        )
+        run = _WindowsRun(state, steps, output_hidden_states, output_attentions)
+        logits = loss = None
+        if loss_per_window:
+            loss = torch.stack(run.head_outputs()).sum()
+        elif keep_logits:
+            logits = run.logits()
+            if kept.order is not None:
+                logits = logits[:, kept.order]
+            loss = self._loss(logits, shift_labels, num_items) if shift_labels is not None else None
+        output = RecurrentDecoderCausalLMOutput(loss=loss, logits=logits, **run.outputs(use_cache))
+        return output if return_dict is not False else output.to_tuple()
+
+
+# Checkpoints keep the stock layout: the backbone's `model.*` / `transformer.*` / `lm_head.*` on disk, under
+# `backbone.` in memory (reversed on save), so a stock checkpoint loads directly.
+register_checkpoint_conversion_mapping(
+    RecurrentDecoderForCausalLM.__name__,
+    [
+        WeightRenaming(source_patterns=rf"^{prefix}\.", target_patterns=f"backbone.{prefix}.")
+        for prefix in ("model", "transformer", "lm_head")
+    ],
+    overwrite=True,
+)
+
+
+__all__ = ["RecurrentDecoderForCausalLM", "RecurrentDecoderState"]

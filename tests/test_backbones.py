@@ -1,0 +1,191 @@
+"""What the recurrence core (`RecurrentDecoderForCausalLM`) must do over every backbone, run over the backbone table
+(`tests/families.py` BACKBONES): its first window is the stock model, chunked calls carrying the state equal one
+call, greedy generation past the position table equals an argmax loop, a left-padded row equals the row alone, a
+saved state continues the text, the state detaches, resets and reorders, rows in lockstep plan their windows on the
+host, attention weights come laid out by window position, and h_prev enters the insertion layer through the norm the
+family's attention reads.
+"""
+
+import pytest
+import torch
+
+from hf_recurrence.models.recurrent_decoder.configuration_recurrent_decoder import PRE_ATTENTION_NORMS
+
+from .common import ACROSS_KERNELS
+from .families import BACKBONES, Backbone
+
+
+def by_backbone(backbones: list[Backbone] = BACKBONES):
+    return pytest.mark.parametrize("backbone", backbones, ids=[backbone.name for backbone in backbones])
+
+
+def ids(batch: int = 2, length: int = 30) -> torch.Tensor:
+    """Token ids without 0, the padding id of the tiny configs."""
+    return torch.randint(1, 99, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+@by_backbone()
+def test_first_window_is_the_stock_model(backbone):
+    model, stock = backbone.models()
+    tokens = ids()
+    with torch.no_grad():
+        expected = stock(tokens[:, :8]).logits
+        torch.testing.assert_close(model(tokens[:, :8]).logits, expected, **ACROSS_KERNELS)
+        # The rest of a longer input does not change the first window.
+        torch.testing.assert_close(model(tokens).logits[:, :8], expected, **ACROSS_KERNELS)
+        # ... but the second window sees h_prev: the recurrence is there.
+        alone = model(tokens[:, 8:16]).logits
+        assert (model(tokens).logits[:, 8:16] - alone).abs().max() > 1e-3
+
+
+@by_backbone()
+@pytest.mark.parametrize("overlap", [0, 3])
+def test_chunked_calls_carrying_the_state_equal_one_call(backbone, overlap):
+    model, _ = backbone.models(window_overlap=overlap)
+    tokens = ids()
+    with torch.no_grad():
+        whole = model(tokens).logits
+        pieces, state = [], None
+        for start, stop in ((0, 3), (3, 11), (11, 28), (28, 29), (29, 30)):
+            out = model(tokens[:, start:stop], past_key_values=state)
+            pieces.append(out.logits)
+            state = out.past_key_values
+    torch.testing.assert_close(torch.cat(pieces, dim=1), whole)
+    assert state.get_seq_length() == 30
+
+
+@by_backbone()
+def test_greedy_generate_past_the_position_table_equals_an_argmax_loop(backbone):
+    model, _ = backbone.models(window_overlap=2)
+    prompt = ids(length=4)
+    generated = model.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, min_new_tokens=20, do_sample=False
+    )
+    assert generated.shape[1] == 24 > model.config.text_config.max_position_embeddings
+    expected = prompt
+    with torch.no_grad():
+        for _ in range(20):
+            scores = model(expected).logits[:, -1]
+            # min_new_tokens keeps generate() from choosing the end-of-sequence token (id 0).
+            scores[:, 0] = -torch.inf
+            following = scores.argmax(-1, keepdim=True)
+            expected = torch.cat([expected, following], dim=1)
+    assert torch.equal(generated, expected)
+
+
+@by_backbone()
+def test_left_padded_rows_equal_the_rows_alone(backbone):
+    model, _ = backbone.models(window_overlap=2)
+    tokens = ids(length=20)
+    mask = torch.ones_like(tokens)
+    mask[1, :5] = 0
+    with torch.no_grad():
+        padded = model(tokens, attention_mask=mask).logits
+        torch.testing.assert_close(padded[0], model(tokens[:1]).logits[0])
+        torch.testing.assert_close(padded[1, 5:], model(tokens[1:, 5:]).logits[0])
+    generated = model.generate(tokens, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    alone = model.generate(tokens[1:, 5:], max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    assert torch.equal(generated[1, -6:], alone[0, -6:])
+
+
+@by_backbone()
+def test_a_saved_state_continues_the_text(backbone, tmp_path):
+    model, _ = backbone.models(window_overlap=2)
+    tokens = ids()
+    with torch.no_grad():
+        state = model(tokens[:, :13]).past_key_values
+        state.save(tmp_path / "state.safetensors")
+        expected = model(tokens[:, 13:], past_key_values=state).logits
+        loaded = model.load_state(tmp_path / "state.safetensors")
+        assert loaded.get_seq_length() == 13
+        torch.testing.assert_close(model(tokens[:, 13:], past_key_values=loaded).logits, expected)
+
+
+@by_backbone()
+def test_h_prev_passes_the_norm_that_the_attention_reads(backbone):
+    """The pre-attention norm of the family table is what the stock layer puts before its attention: h_prev enters
+    the insertion layer like a token."""
+    model, stock = backbone.models()
+    layer = stock.base_model.layers[1] if hasattr(stock.base_model, "layers") else stock.base_model.h[1]
+    attention = layer.self_attn if hasattr(layer, "self_attn") else layer.attn
+    seen = {}
+    hooks = [
+        layer.register_forward_pre_hook(
+            lambda _m, args, kwargs: seen.update(layer=(args or [kwargs["hidden_states"]])[0]), with_kwargs=True
+        ),
+        attention.register_forward_pre_hook(
+            lambda _m, args, kwargs: seen.update(attention=(args or [kwargs["hidden_states"]])[0]), with_kwargs=True
+        ),
+    ]
+    with torch.no_grad():
+        stock(ids(length=8))
+    for hook in hooks:
+        hook.remove()
+    norm_name = PRE_ATTENTION_NORMS[backbone.name]
+    norm = getattr(layer, norm_name) if norm_name is not None else torch.nn.Identity()
+    with torch.no_grad():
+        torch.testing.assert_close(seen["attention"], norm(seen["layer"]))
+
+
+@by_backbone()
+def test_state_detach_reset_and_reorder(backbone):
+    model, _ = backbone.models(window_overlap=2)
+    tokens, following = ids(3, 20), ids(3, 9).flip(1)
+    state = model.train()(tokens).past_key_values
+    assert state.h_prev.requires_grad
+    assert state.detach() is state and not state.h_prev.requires_grad
+    assert not any(t.requires_grad for t in [*state.keys, *state.values, state.pooled_sum, state.overlap_embeds])
+    model.eval()
+    with torch.no_grad():
+        continued = model(following, past_key_values=model(tokens).past_key_values).logits
+        state = model(tokens).past_key_values
+        order = torch.tensor([2, 2, 0])
+        state.reorder_cache(order)
+        torch.testing.assert_close(model(following[order], past_key_values=state).logits, continued[order])
+        state.reset()
+        assert state.get_seq_length() == 0 and state.lockstep == (0, 0)
+        torch.testing.assert_close(model(following, past_key_values=state).logits, model(following).logits)
+
+
+def _scalar_reads(fn) -> int:
+    """How many times `fn` reads a scalar from a tensor (a device-to-host sync on a GPU)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        fn()
+    return sum(event.count for event in profiler.key_averages() if event.key == "aten::_local_scalar_dense")
+
+
+@by_backbone()
+def test_rows_in_lockstep_plan_their_windows_on_the_host(backbone):
+    model, _ = backbone.models(window_overlap=3)
+    tokens = ids()
+    with torch.no_grad():
+        assert model(tokens[:, :12]).past_key_values.lockstep == (7, 1)
+        on_device = model.new_state(2)
+        on_device.leave_lockstep()
+        torch.testing.assert_close(model(tokens, past_key_values=on_device).logits, model(tokens).logits)
+        # One read per call (whether the input has padding), none in the window loop or the stock forward.
+        assert _scalar_reads(lambda: model(tokens)) == 1
+        assert _scalar_reads(lambda: model(tokens, attention_mask=torch.ones_like(tokens))) == 1
+
+
+@by_backbone()
+def test_attentions_are_laid_out_by_window_position(backbone):
+    model, _ = backbone.models(window_overlap=3)
+    tokens = ids()
+    mask = torch.ones_like(tokens)
+    mask[1, :5] = 0
+    config = model.config.text_config
+    with torch.no_grad():
+        plain = model(tokens, attention_mask=mask)
+        out = model(tokens, attention_mask=mask, output_attentions=True, output_hidden_states=True)
+    # Asking for the weights (eager attention for the call) does not change the result.
+    torch.testing.assert_close(out.logits, plain.logits, rtol=1e-5, atol=1e-5)
+    assert len(out.attentions) == config.num_hidden_layers and len(out.hidden_states) == config.num_hidden_layers + 1
+    for layer, weights in enumerate(out.attentions):
+        assert weights.shape == (2, config.num_attention_heads, 30, 1 + 8)
+        row_sums = weights.sum(-1)  # (batch, head, length): 1 at real positions, 0 at padding
+        torch.testing.assert_close(row_sums, mask[:, None, :].float().expand_as(row_sums))
+        # h_prev is attended at the insertion layer only, and only after a row's first window.
+        h_prev = weights[..., 0]
+        assert not h_prev[0, :, :8].any()
+        assert bool(h_prev[0, :, 8:].all()) if layer == 1 else not h_prev.any()
