@@ -373,7 +373,10 @@ def describe(comparison: dict) -> str:
 def carried_gain_lost(token_nll: dict) -> float:
     """The fraction of the carried-context gain (control minus recurrent, in mean NLL) that reading with another
     document's `h_prev` loses (shuffled minus recurrent): 1 = all of it, 0 = none."""
-    mean = {key: float(torch.cat([document.nll for document in token_nll[key]]).mean()) for key in token_nll}
+    mean = {
+        key: float(torch.cat([document.nll for document in token_nll[key]]).mean())
+        for key in ("recurrent@0", "control@0", "shuffled@0")
+    }
     gain = mean["control@0"] - mean["recurrent@0"]
     return (mean["shuffled@0"] - mean["recurrent@0"]) / gain if gain else math.nan
 

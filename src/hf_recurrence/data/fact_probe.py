@@ -15,6 +15,8 @@ import torch
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
+from ..evaluation import RECURRENT_MODEL_TYPES
+
 
 SYLLABLES = ("ka", "lo", "mer", "vin", "dra", "sol", "qui", "ten", "bar", "zel", "ron", "fi", "gus", "hal", "nor")
 PLANT = " The stranger's name was"
@@ -83,8 +85,6 @@ def fact_nll(model, probe: FactProbe, window_size: int, batch_size: int = 8) -> 
     """Mean NLL per name token (nats) and the share of examples whose every name token is the argmax, reading each
     example as the model reads text: a recurrent model both windows with its state carried, a stock model window 2
     alone (`model.config.model_type` decides, as in `windowed_perplexity`)."""
-    from ..evaluation import RECURRENT_MODEL_TYPES
-
     recurrent = model.config.model_type in RECURRENT_MODEL_TYPES
     total, count, recalled = 0.0, 0, 0
     with torch.no_grad():
