@@ -86,7 +86,7 @@ def main() -> None:
     evaluate(llama, "baseline")
     for arm, recurrence_input in TRAINED_ARMS.items():
         model = recurrent_llama_from_llama(llama, **settings.recurrence_settings(), recurrence_input=recurrence_input)
-        model.model.recurrence.load_state_dict(load_file(args.reproduction_dir / f"recurrence_{arm}.safetensors"))
+        model.recurrence.load_state_dict(load_file(args.reproduction_dir / f"recurrence_{arm}.safetensors"))
         evaluate(model, arm)
     stream = token_stream([book.text for book in austen_split("train")], tokenizer)
     model, _, minutes = train_arm(llama, "window", stream, settings, **{name: value})

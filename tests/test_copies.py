@@ -12,13 +12,13 @@ spec = importlib.util.spec_from_file_location("check_copies", CHECKER)
 check_copies = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(check_copies)
 
-ORIGINAL = "hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2"
+ORIGINAL = "hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder"
 
 
 def test_every_copy_in_the_model_folders_matches():
     count, problems = check_copies.check_all()
     assert problems == []
-    assert count >= 25  # the recurrent Llama's copies of the recurrent GPT-2 and Transformer-XL's
+    assert count >= 15  # Transformer-XL's copies of the recurrence core
 
 
 def test_the_script_exits_nonzero_on_drift(tmp_path):
@@ -36,7 +36,7 @@ def test_replacements_are_applied_and_a_missing_original_is_named(tmp_path):
     def holder(return_type: str) -> str:
         return (
             "class Holder:\n"
-            f"    # Copied from {ORIGINAL}.RecurrentGPT2State.detach with RecurrentGPT2->Other\n"
+            f"    # Copied from {ORIGINAL}.RecurrentDecoderState.detach with RecurrentDecoder->Other\n"
             f'    def detach(self) -> "{return_type}":\n'
             '        """Cut the autograd history of every tensor (truncated BPTT between calls). Returns `self`."""\n'
             "        return self._map(torch.Tensor.detach)\n"
@@ -45,11 +45,11 @@ def test_replacements_are_applied_and_a_missing_original_is_named(tmp_path):
     (tmp_path / "modeling_renamed.py").write_text(holder("OtherState"))
     assert check_copies.check_all(tmp_path) == (1, [])
     (tmp_path / "modeling_renamed.py").write_text(
-        holder("RecurrentGPT2State") + f"# Copied from {ORIGINAL}.NoSuchThing\ndef thing():\n    pass\n"
+        holder("RecurrentDecoderState") + f"# Copied from {ORIGINAL}.NoSuchThing\ndef thing():\n    pass\n"
     )
     _, problems = check_copies.check_all(tmp_path)
     assert len(problems) == 2
-    assert problems[0].endswith(f"differs from {ORIGINAL}.RecurrentGPT2State.detach with RecurrentGPT2->Other")
+    assert problems[0].endswith(f"differs from {ORIGINAL}.RecurrentDecoderState.detach with RecurrentDecoder->Other")
     assert problems[1].endswith(f"{ORIGINAL}.NoSuchThing does not exist")
 
 
@@ -58,7 +58,7 @@ def test_fix_rewrites_a_drifted_copy_from_its_original_and_keeps_the_rest(tmp_pa
     drifted.write_text(
         "import torch\n\n\n"
         "class Holder:\n"
-        f"    # Copied from {ORIGINAL}.RecurrentGPT2State.detach with RecurrentGPT2->Other\n"
+        f"    # Copied from {ORIGINAL}.RecurrentDecoderState.detach with RecurrentDecoder->Other\n"
         '    def detach(self) -> "OtherState":\n'
         "        return self\n\n"
         "    def kept(self) -> int:\n"

@@ -4,7 +4,7 @@ The model folders must stay self-contained (each is uploaded alone as Hub remote
 families is copied, not imported; this check is what keeps the copies from drifting (transformers has the same one,
 `utils/check_copies.py`). A marker sits on the line(s) just above a function, method or class:
 
-    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.detach with RecurrentGPT2->RecurrentLlama
+    # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderState.detach with RecurrentDecoder->TransformerXL
 
 and names the original by its module and qualified name; `with A->B, C->D` lists plain-text replacements applied to
 the original before comparing. The block (decorators included) must equal the original's, indentation aside.

@@ -248,7 +248,7 @@ def adapt_backbone(model: PreTrainedModel, settings: BookReproductionSettings) -
         model = get_peft_model(model, lora)
     recurrence, backbone = [], []
     for name, parameter in model.named_parameters():
-        if ".recurrence." in name:
+        if ".recurrence." in f".{name}":  # `recurrence.*`, or under PEFT's wrapper
             parameter.requires_grad_(True)
             recurrence.append(parameter)
         elif parameter.requires_grad:
@@ -471,7 +471,7 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
         )
         model, loss, minutes = train_arm(llama, recurrence_input, stream, settings)
         save_file(
-            {k: v.contiguous() for k, v in model.model.recurrence.state_dict().items()},
+            {k: v.contiguous() for k, v in model.recurrence.state_dict().items()},
             str(output_dir / f"recurrence_{name}.safetensors"),
             metadata={"recurrence_input": recurrence_input, "source": source},
         )

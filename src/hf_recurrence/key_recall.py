@@ -33,7 +33,7 @@ from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from .data.key_recall import RecallVocab, make_recall_batch, swap_earlier_windows, to_independent_windows
-from .models.recurrent_gpt2 import RecurrentGPT2Config, RecurrentGPT2LMHeadModel
+from .models.recurrent_decoder import RecurrentGPT2Config, RecurrentGPT2LMHeadModel
 
 
 def build_models(
@@ -74,10 +74,9 @@ def build_models(
         )
     )
     baseline = GPT2LMHeadModel(GPT2Config(**common))
-    missing, unexpected = baseline.load_state_dict(recurrent.state_dict(), strict=False)
-    stray = [k for k in unexpected if not k.startswith("transformer.recurrence.")]
-    if missing or stray:
-        raise RuntimeError(f"Weights do not map onto GPT-2: missing={missing}, unexpected={stray}")
+    missing, unexpected = baseline.load_state_dict(recurrent.backbone.state_dict(), strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"Weights do not map onto GPT-2: missing={missing}, unexpected={unexpected}")
     return recurrent, baseline
 
 

@@ -87,8 +87,7 @@ def recurrent_llama_from_llama(llama: LlamaForCausalLM, **recurrence_settings) -
         config_dict.pop(key, None)
     config = RecurrentLlamaConfig.from_dict(config_dict, **recurrence_settings)
     model = RecurrentLlamaForCausalLM(config).to(device=llama.device, dtype=llama.dtype)
-    missing, unexpected = model.load_state_dict(llama.state_dict(), strict=False)
-    new = [k for k in missing if not k.startswith("model.recurrence.")]
-    if new or unexpected:
-        raise ValueError(f"not a complete Llama checkpoint: missing {new}, unexpected {unexpected}")
+    missing, unexpected = model.backbone.load_state_dict(llama.state_dict(), strict=False)
+    if missing or unexpected:
+        raise ValueError(f"not a complete Llama checkpoint: missing {missing}, unexpected {unexpected}")
     return model.eval()

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, PreTrainedConfig
 from hf_recurrence import RecurrentGPT2LMHeadModel
 from hf_recurrence.cli import main
 from hf_recurrence.hub import FAMILIES, model_card, push_to_hub, write_model_card
-from hf_recurrence.models.recurrent_gpt2.configuration_recurrent_gpt2 import AUTO_MAP
+from hf_recurrence.models.recurrent_decoder.configuration_recurrent_decoder import GPT2_AUTO_MAP as AUTO_MAP
 
 from ..common import ACROSS_KERNELS, REPO_ROOT, stdlib_tokenizer, tiny_recurrent_config, user_error
 from ..conftest import BOB_TOKEN

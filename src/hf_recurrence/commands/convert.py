@@ -148,7 +148,7 @@ def _load_gguf(gguf: Path, settings: dict):
     except ImportError as error:  # the gguf reader is not installed
         raise UsageError(str(error)) from None
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    return model, tokenizer, sum(1 for name in model.state_dict() if name.startswith("model.recurrence."))
+    return model, tokenizer, sum(1 for name in model.state_dict() if name.startswith("recurrence."))
 
 
 def _convert_transfo_xl(args: argparse.Namespace, settings: dict) -> int:

@@ -8,23 +8,15 @@ from .inductive_bert import (
     IBertPreTrainedModel,
     InductiveBertConfig,
 )
-from .recurrent_decoder import RecurrentDecoderConfig, RecurrentDecoderForCausalLM, RecurrentDecoderState
-from .recurrent_gpt2 import (
+from .recurrent_decoder import (
+    RecurrentDecoderConfig,
+    RecurrentDecoderForCausalLM,
+    RecurrentDecoderState,
     RecurrentGPT2Config,
-    RecurrentGPT2ForSequenceClassification,
-    RecurrentGPT2ForTokenClassification,
     RecurrentGPT2LMHeadModel,
-    RecurrentGPT2Model,
-    RecurrentGPT2PreTrainedModel,
     RecurrentGPT2State,
-)
-from .recurrent_llama import (
     RecurrentLlamaConfig,
     RecurrentLlamaForCausalLM,
-    RecurrentLlamaForSequenceClassification,
-    RecurrentLlamaForTokenClassification,
-    RecurrentLlamaModel,
-    RecurrentLlamaPreTrainedModel,
     RecurrentLlamaState,
 )
 from .transformer_xl import (

@@ -2,10 +2,11 @@
 """Configuration of the recurrence of Yoshida, Ettinger and Gimpel (2020), "Adding Recurrence to Pretrained
 Transformers for Improved Efficiency and Context Size", over a stock transformers decoder (the backbone)."""
 
+from dataclasses import dataclass
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
-from transformers import AutoConfig, PreTrainedConfig
+from transformers import AutoConfig, GPT2Config, LlamaConfig, PreTrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 from transformers.utils import logging
 
@@ -16,6 +17,15 @@ logger = logging.get_logger(__name__)
 AUTO_MAP = {
     "AutoConfig": "configuration_recurrent_decoder.RecurrentDecoderConfig",
     "AutoModelForCausalLM": "modeling_recurrent_decoder.RecurrentDecoderForCausalLM",
+}
+# The named families: the core over one backbone each, under the names and checkpoint layout they had before the core.
+GPT2_AUTO_MAP = {
+    "AutoConfig": "configuration_recurrent_decoder.RecurrentGPT2Config",
+    "AutoModelForCausalLM": "modeling_recurrent_decoder.RecurrentGPT2LMHeadModel",
+}
+LLAMA_AUTO_MAP = {
+    "AutoConfig": "configuration_recurrent_decoder.RecurrentLlamaConfig",
+    "AutoModelForCausalLM": "modeling_recurrent_decoder.RecurrentLlamaForCausalLM",
 }
 
 # The backbones the recurrence is checked on, by model_type, with the attribute of a decoder layer that norms the
@@ -97,64 +107,21 @@ def sliding_window_size(text_config: PreTrainedConfig) -> int | None:
     return window
 
 
-@strict
-class RecurrentDecoderConfig(PreTrainedConfig):
-    r"""
-    Configuration of a [`RecurrentDecoderForCausalLM`]: a stock transformers decoder's config (`text_config`) plus
-    the recurrence settings below.
+@dataclass
+class RecurrenceSettings:
+    """The recurrence's config fields and their checks, shared by `RecurrentDecoderConfig` (the backbone's config
+    nested as `text_config`) and the named families' configs (a stock config's own fields and these, flat). Each
+    field is described in `RecurrentDecoderConfig`'s docstring."""
 
-    The input is read in windows of `window_size` tokens, each window repeating the last `window_overlap` tokens of
-    the one before. A window's hidden states, weighted across layers and mean-pooled, pass through a small
-    feed-forward network to `h_prev`, which the next window sees as one extra key/value at layer `insertion_layer`.
-    Positions restart at 0 in every window, so the model reads inputs of any length.
+    window_size: int = 300
+    window_overlap: int = 0
+    insertion_layer: int = 2
+    recurrence_hidden_sizes: list[int] | None = None
+    bptt_windows: int | None = None
+    h_prev_rope_position: int | None = None
+    normalize_pooled_states: bool = False
+    recurrence_input: str = "window"
 
-    Args:
-        text_config (`dict` or `PreTrainedConfig`, *optional*):
-            The backbone's config, of one of the model types in `PRE_ATTENTION_NORMS` (defaults to a Llama config).
-            A backbone that cannot carry the recurrence (encoder-decoder, bidirectional, hybrid linear attention,
-            multi-head latent attention, an unchecked family) is refused with the reason.
-        window_size (`int`, *optional*, defaults to 300):
-            Tokens per window (the paper's T). At most the backbone's `max_position_embeddings` and, where its layers
-            slide, its `sliding_window`. A stock config converted without one gets `min(300, max_position_embeddings)`.
-        window_overlap (`int`, *optional*, defaults to 0):
-            Tokens each window repeats from the previous one (paper §4.2); smaller than `window_size`.
-        insertion_layer (`int`, *optional*, defaults to 2):
-            0-based index of the decoder layer whose self-attention receives `h_prev` as an extra key/value (the
-            paper's l_ins = 2).
-        recurrence_hidden_sizes (`list[int]`, *optional*, defaults to `[200, 200, 200]`):
-            Hidden layer widths of the feed-forward network mapping the pooled summary to `h_prev` (paper §5). Its
-            activation is the backbone's.
-        bptt_windows (`int`, *optional*):
-            Truncation of backpropagation through time. `None` backpropagates through every window of an input; `k`
-            lets gradient cross window boundaries only inside runs of `k + 1` windows.
-        normalize_pooled_states (`bool`, *optional*, defaults to `False`):
-            Scale every layer's token states to unit RMS before the layer-weighted mean (decoders with attention-sink
-            activations otherwise make the plain mean mostly a constant).
-        recurrence_input (`str`, *optional*, defaults to `"window"`):
-            `"window"`: `h_prev` comes from the previous window's summary (the paper). `"zeros"`: the network reads
-            zeros, so `h_prev` is a learned constant (the control arm).
-
-    Example:
-
-    ```python
-    >>> from transformers import Qwen2Config
-    >>> from hf_recurrence import RecurrentDecoderConfig
-
-    >>> backbone = Qwen2Config(
-    ...     vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-    ...     num_key_value_heads=2, max_position_embeddings=64,
-    ... )
-    >>> config = RecurrentDecoderConfig(text_config=backbone, window_size=16, insertion_layer=1)
-    >>> config.text_config.model_type
-    'qwen2'
-
-    ```"""
-
-    model_type = "recurrent_decoder"
-    # Trainer leaves these output keys out of the predictions it gathers: the state is not a tensor to concatenate
-    # across batches (`cache` is its name from transformers 5.24 on).
-    keys_to_ignore_at_inference = ["past_key_values", "cache"]
-    sub_configs_defaults = {"text_config": SubConfigSpec(config_class=AutoConfig, model_type="llama")}
     # The config fields the recurrence adds to its backbone; from_pretrained(..., field=value) applies them before
     # validation, and tools read the list from here.
     family_settings = (
@@ -163,54 +130,24 @@ class RecurrentDecoderConfig(PreTrainedConfig):
         "insertion_layer",
         "recurrence_hidden_sizes",
         "bptt_windows",
+        "h_prev_rope_position",
         "normalize_pooled_states",
         "recurrence_input",
     )
 
-    text_config: dict | PreTrainedConfig | None = None
-    window_size: int = 300
-    window_overlap: int = 0
-    insertion_layer: int = 2
-    recurrence_hidden_sizes: list[int] | None = None
-    bptt_windows: int | None = None
-    normalize_pooled_states: bool = False
-    recurrence_input: str = "window"
-    tie_word_embeddings: bool = True
-
-    def __post_init__(self, **kwargs):
+    def _set_default_hidden_sizes(self) -> None:
         if self.recurrence_hidden_sizes is None:
             self.recurrence_hidden_sizes = [200, 200, 200]
-        kwargs.setdefault("auto_map", dict(AUTO_MAP))
-        super().__post_init__(**kwargs)
-        # Ties are the backbone's: its own config decides them when it is built.
-        self.tie_word_embeddings = self.text_config.tie_word_embeddings
-        check_backbone(self.text_config)
-        self.check_recurrence_settings()
 
     @classmethod
-    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs) -> tuple[dict[str, Any], dict[str, Any]]:
-        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
-        if config_dict.get("model_type") != cls.model_type:
-            # A stock decoder's checkpoint: converting it is the intended use, its config becomes the backbone's.
-            logger.info(
-                f"Using the {config_dict.get('model_type')!r} config of {pretrained_model_name_or_path} as backbone"
-            )
-            config_dict = {"model_type": cls.model_type, "text_config": config_dict}
-        return config_dict, kwargs
-
-    @classmethod
-    def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> "RecurrentDecoderConfig":
-        # Recurrence settings given to from_pretrained must be in place when the config is validated, not set after.
+    def _with_family_settings(cls, config_dict: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """`config_dict` with the recurrence settings given to from_pretrained moved in from `kwargs` (in place):
+        they must be there when the config is validated, not set after."""
         config_dict = dict(config_dict)
         for name in cls.family_settings:
             if name in kwargs:
                 config_dict[name] = kwargs.pop(name)
-        text = config_dict.get("text_config")
-        if "window_size" not in config_dict and isinstance(text, dict):
-            positions = text.get("max_position_embeddings", text.get("n_positions"))
-            if positions is not None:
-                config_dict["window_size"] = min(cls.window_size, positions)
-        return super().from_dict(config_dict, **kwargs)
+        return config_dict
 
     def validate_recurrence_settings(self):
         """Part of `@strict` validation, so a config changed after construction is checked again when saved."""
@@ -270,6 +207,262 @@ class RecurrentDecoderConfig(PreTrainedConfig):
             raise ValueError(
                 f"recurrence_input must be one of {RECURRENCE_INPUTS}, got recurrence_input={self.recurrence_input!r}"
             )
+        self.check_h_prev_rope_position()
+
+    def check_h_prev_rope_position(self) -> None:
+        """Raise `ValueError` unless `h_prev_rope_position` is None or a position the backbone was trained to see
+        before a window."""
+        position = getattr(self, "h_prev_rope_position", None)
+        if position is None:
+            return
+        positions = position_table_size(self.text_config) or 0
+        limit = positions - self.window_size
+        if not _is_int(position) or not -limit <= position <= 0:
+            # Offsets from a window's queries (positions 0..window_size-1) back to the h_prev key must be ones a
+            # causal model was trained on: 0..max_position_embeddings-1.
+            raise ValueError(
+                f"h_prev_rope_position must be None (unrotated h_prev key) or a position in [-{limit}, 0] "
+                f"(max_position_embeddings - window_size = {limit} before the window at most), got "
+                f"h_prev_rope_position={position!r}"
+            )
 
 
-__all__ = ["RecurrentDecoderConfig"]
+@strict
+class RecurrentDecoderConfig(RecurrenceSettings, PreTrainedConfig):
+    r"""
+    Configuration of a [`RecurrentDecoderForCausalLM`]: a stock transformers decoder's config (`text_config`) plus
+    the recurrence settings below.
+
+    The input is read in windows of `window_size` tokens, each window repeating the last `window_overlap` tokens of
+    the one before. A window's hidden states, weighted across layers and mean-pooled, pass through a small
+    feed-forward network to `h_prev`, which the next window sees as one extra key/value at layer `insertion_layer`.
+    Positions restart at 0 in every window, so the model reads inputs of any length.
+
+    Args:
+        text_config (`dict` or `PreTrainedConfig`, *optional*):
+            The backbone's config, of one of the model types in `PRE_ATTENTION_NORMS` (defaults to a Llama config).
+            A backbone that cannot carry the recurrence (encoder-decoder, bidirectional, hybrid linear attention,
+            multi-head latent attention, an unchecked family) is refused with the reason.
+        window_size (`int`, *optional*, defaults to 300):
+            Tokens per window (the paper's T). At most the backbone's `max_position_embeddings` and, where its layers
+            slide, its `sliding_window`. A stock config converted without one gets `min(300, max_position_embeddings)`.
+        window_overlap (`int`, *optional*, defaults to 0):
+            Tokens each window repeats from the previous one (paper §4.2); smaller than `window_size`.
+        insertion_layer (`int`, *optional*, defaults to 2):
+            0-based index of the decoder layer whose self-attention receives `h_prev` as an extra key/value (the
+            paper's l_ins = 2).
+        recurrence_hidden_sizes (`list[int]`, *optional*, defaults to `[200, 200, 200]`):
+            Hidden layer widths of the feed-forward network mapping the pooled summary to `h_prev` (paper §5). Its
+            activation is the backbone's.
+        bptt_windows (`int`, *optional*):
+            Truncation of backpropagation through time. `None` backpropagates through every window of an input; `k`
+            lets gradient cross window boundaries only inside runs of `k + 1` windows.
+        h_prev_rope_position (`int`, *optional*):
+            Rotary position of the `h_prev` key, for backbones with rotary embeddings at the insertion layer. `None`
+            (default) leaves it unrotated, so its attention score depends only on the query's content and position,
+            like an attention sink; an integer `p <= 0` rotates it as a token at window position `p` (`-1`: just
+            before the window's first token, where the summarised text was).
+        normalize_pooled_states (`bool`, *optional*, defaults to `False`):
+            Scale every layer's token states to unit RMS before the layer-weighted mean (decoders with attention-sink
+            activations otherwise make the plain mean mostly a constant).
+        recurrence_input (`str`, *optional*, defaults to `"window"`):
+            `"window"`: `h_prev` comes from the previous window's summary (the paper). `"zeros"`: the network reads
+            zeros, so `h_prev` is a learned constant (the control arm).
+
+    Example:
+
+    ```python
+    >>> from transformers import Qwen2Config
+    >>> from hf_recurrence import RecurrentDecoderConfig
+
+    >>> backbone = Qwen2Config(
+    ...     vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    ...     num_key_value_heads=2, max_position_embeddings=64,
+    ... )
+    >>> config = RecurrentDecoderConfig(text_config=backbone, window_size=16, insertion_layer=1)
+    >>> config.text_config.model_type
+    'qwen2'
+
+    ```"""
+
+    model_type = "recurrent_decoder"
+    # Trainer leaves these output keys out of the predictions it gathers: the state is not a tensor to concatenate
+    # across batches (`cache` is its name from transformers 5.24 on).
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]
+    sub_configs_defaults = {"text_config": SubConfigSpec(config_class=AutoConfig, model_type="llama")}
+    text_config: dict | PreTrainedConfig | None = None
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self, **kwargs):
+        self._set_default_hidden_sizes()
+        kwargs.setdefault("auto_map", dict(AUTO_MAP))
+        super().__post_init__(**kwargs)
+        # Ties are the backbone's: its own config decides them when it is built.
+        self.tie_word_embeddings = self.text_config.tie_word_embeddings
+        check_backbone(self.text_config)
+        self.check_recurrence_settings()
+
+    @classmethod
+    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs) -> tuple[dict[str, Any], dict[str, Any]]:
+        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+        if config_dict.get("model_type") != cls.model_type:
+            # A stock decoder's checkpoint: converting it is the intended use, its config becomes the backbone's.
+            logger.info(
+                f"Using the {config_dict.get('model_type')!r} config of {pretrained_model_name_or_path} as backbone"
+            )
+            config_dict = {"model_type": cls.model_type, "text_config": config_dict}
+        return config_dict, kwargs
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> "RecurrentDecoderConfig":
+        config_dict = cls._with_family_settings(config_dict, kwargs)
+        text = config_dict.get("text_config")
+        if "window_size" not in config_dict and isinstance(text, dict):
+            positions = text.get("max_position_embeddings", text.get("n_positions"))
+            if positions is not None:
+                config_dict["window_size"] = min(cls.window_size, positions)
+        return super().from_dict(config_dict, **kwargs)
+
+
+# Where a named family's config keeps the stock config made from its fields; not a field, so never saved.
+_STOCK_CONFIG_KEY = "_stock_text_config"
+
+
+class NamedFamilyConfig(RecurrenceSettings):
+    """A named family's config: the fields of its backbone's stock config (`stock_config_class`) and the recurrence's
+    side by side, as `RecurrentGPT2Config` and `RecurrentLlamaConfig` checkpoints have always been saved, so every
+    such checkpoint and every stock checkpoint of the backbone loads into it. `text_config` is the stock config made
+    from those fields, which the backbone is built from."""
+
+    stock_config_class: type[PreTrainedConfig]
+    # The field holding the size of the backbone's position table, which bounds the default window.
+    position_table_field: str
+
+    @property
+    def text_config(self) -> PreTrainedConfig:
+        stock = self.__dict__.get(_STOCK_CONFIG_KEY)
+        if stock is None:
+            names = self.stock_config_class.__dataclass_fields__
+            fields = {k: v for k, v in self.__dict__.items() if k in names and k != "model_type"}
+            stock = self.stock_config_class(**fields)
+            self.__dict__[_STOCK_CONFIG_KEY] = stock
+        return stock
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        super().__setattr__(key, value)
+        # Any field may be one of the stock config's: it is made again when next asked for.
+        self.__dict__.pop(_STOCK_CONFIG_KEY, None)
+
+    def to_dict(self) -> dict[str, Any]:
+        output = super().to_dict()
+        output.pop(_STOCK_CONFIG_KEY, None)
+        return output
+
+    def _finish_post_init(self, auto_map: dict[str, str], kwargs: dict[str, Any]) -> None:
+        self._set_default_hidden_sizes()
+        # Always this code's map: a checkpoint saved before the core names modules that no longer exist.
+        kwargs["auto_map"] = dict(auto_map)
+        super().__post_init__(**kwargs)
+        check_backbone(self.text_config)
+        self.check_recurrence_settings()
+
+    @classmethod
+    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs) -> tuple[dict[str, Any], dict[str, Any]]:
+        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+        if config_dict.get("model_type") == cls.stock_config_class.model_type:
+            # Converting a stock checkpoint is the intended use, not a type mismatch worth a warning.
+            logger.info(f"Converting the {config_dict['model_type']!r} config of {pretrained_model_name_or_path}")
+            config_dict = {**config_dict, "model_type": cls.model_type}
+            # It has no window yet: the family's defaults (or from_pretrained's settings) are meant, unlike in a
+            # recurrent checkpoint whose config lacks them (see `from_dict`).
+            config_dict.setdefault("window_overlap", cls.window_overlap)
+            if cls.position_table_field in config_dict:
+                config_dict.setdefault("window_size", min(cls.window_size, config_dict[cls.position_table_field]))
+        return config_dict, kwargs
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> PreTrainedConfig:
+        config_dict = cls._with_family_settings(config_dict, kwargs)
+        missing = [name for name in ("window_size", "window_overlap") if name not in config_dict]
+        if missing and config_dict.get("model_type") == cls.model_type:
+            # Every recurrent checkpoint saved by this package records its window; one that does not was edited
+            # or written elsewhere, and the defaults may not be what it was trained with.
+            logger.warning(
+                f"This {cls.model_type} config has no {' or '.join(missing)}: running with the defaults "
+                f"(window_size={cls.window_size} or the position table if shorter, window_overlap="
+                f"{cls.window_overlap}). Set them in config.json to the values the model was trained with"
+            )
+        if "window_size" not in config_dict and cls.position_table_field in config_dict:
+            # The paper's 300 tokens, or the whole position table if that is shorter (PEFT and AutoConfig reload a
+            # converted model's base config exactly this way).
+            config_dict["window_size"] = min(cls.window_size, config_dict[cls.position_table_field])
+        return super().from_dict(config_dict, **kwargs)
+
+
+@strict
+class RecurrentGPT2Config(NamedFamilyConfig, GPT2Config):
+    r"""
+    Configuration of a [`RecurrentGPT2LMHeadModel`]: every field of [`~transformers.GPT2Config`] (so any GPT-2
+    checkpoint's config loads into it) plus the recurrence settings of [`RecurrentDecoderConfig`], side by side.
+
+    `max_position_embeddings` is deliberately not an alias of `n_positions` here: `n_positions` is the size of the
+    per-window position table (at least `window_size`), and the model itself has no maximum length.
+
+    Example:
+
+    ```python
+    >>> from hf_recurrence import RecurrentGPT2Config, RecurrentGPT2LMHeadModel
+
+    >>> config = RecurrentGPT2Config(
+    ...     n_layer=2, n_embd=32, n_head=2, n_positions=64, window_size=16, window_overlap=4, insertion_layer=1
+    ... )
+    >>> model = RecurrentGPT2LMHeadModel(config)
+    >>> model.config.window_size
+    16
+
+    ```"""
+
+    model_type = "recurrent_gpt2"
+    stock_config_class = GPT2Config
+    position_table_field = "n_positions"
+    attribute_map = {
+        "hidden_size": "n_embd",
+        "num_attention_heads": "n_head",
+        "num_hidden_layers": "n_layer",
+    }
+
+    def __post_init__(self, **kwargs):
+        self._finish_post_init(GPT2_AUTO_MAP, kwargs)
+
+
+@strict
+class RecurrentLlamaConfig(NamedFamilyConfig, LlamaConfig):
+    r"""
+    Configuration of a [`RecurrentLlamaForCausalLM`]: every field of [`~transformers.LlamaConfig`] (so any Llama
+    checkpoint's config loads into it) plus the recurrence settings of [`RecurrentDecoderConfig`], side by side.
+    A window's RoPE positions restart at 0, so `window_size` is at most `max_position_embeddings`.
+
+    Example:
+
+    ```python
+    >>> from hf_recurrence import RecurrentLlamaConfig, RecurrentLlamaForCausalLM
+
+    >>> config = RecurrentLlamaConfig(
+    ...     vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    ...     num_key_value_heads=2, max_position_embeddings=64, window_size=16, insertion_layer=1,
+    ... )
+    >>> model = RecurrentLlamaForCausalLM(config)
+    >>> model.config.window_size
+    16
+
+    ```"""
+
+    model_type = "recurrent_llama"
+    stock_config_class = LlamaConfig
+    position_table_field = "max_position_embeddings"
+
+    def __post_init__(self, **kwargs):
+        self._finish_post_init(LLAMA_AUTO_MAP, kwargs)
+
+
+__all__ = ["RecurrentDecoderConfig", "RecurrentGPT2Config", "RecurrentLlamaConfig"]

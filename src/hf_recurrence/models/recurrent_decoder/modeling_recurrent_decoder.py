@@ -27,11 +27,18 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.conversion_mapping import register_checkpoint_conversion_mapping
 from transformers.core_model_loading import WeightRenaming
+from transformers.generation import MaxLengthCriteria, StoppingCriteriaList
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 from transformers.utils import ModelOutput, logging
 
-from .configuration_recurrent_decoder import PRE_ATTENTION_NORMS, RecurrentDecoderConfig, check_backbone
+from .configuration_recurrent_decoder import (
+    PRE_ATTENTION_NORMS,
+    RecurrentDecoderConfig,
+    RecurrentGPT2Config,
+    RecurrentLlamaConfig,
+    check_backbone,
+)
 
 
 logger = logging.get_logger(__name__)
@@ -52,6 +59,32 @@ def _given_state(past_key_values: object | None, cache: object | None) -> object
             "Pass the state once: as cache or as past_key_values (its name before transformers 5.24), not both"
         )
     return past_key_values if cache is None else cache
+
+
+def _model_output_class(name: str, doc: str, fields: dict[str, object]) -> type[ModelOutput]:
+    """A ModelOutput dataclass with `fields` (name -> annotation, each defaulting to None), in which the field named
+    `past_key_values` takes the installed transformers' name for the state (a dataclass's field names are fixed when
+    the class is made, and transformers 5.24's generate() reads `outputs.cache`)."""
+    return make_dataclass(
+        name,
+        [(STATE_NAME if key == "past_key_values" else key, kind, field(default=None)) for key, kind in fields.items()],
+        bases=(ModelOutput,),
+        namespace={"__doc__": doc, "__module__": __name__},
+    )
+
+
+def _refuse_export(model: nn.Module) -> None:
+    """Raise when `model` runs under torch.export (and the dynamo ONNX exporter), TorchScript tracing or the
+    TorchScript ONNX exporter; torch.compile is not refused (it guards and recompiles where a trace would not)."""
+    if torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        # The window/segment plan (lengths, padding, packed documents, the state's fill) is made in Python from the
+        # input's values: an export fails on it, and a TorchScript trace fixes one input's plan into the graph,
+        # silently wrong for any other length.
+        raise RuntimeError(
+            f"{type(model).__name__} cannot be exported or traced (torch.export, torch.onnx.export, "
+            "torch.jit.trace): it plans its windows and the state it carries from the input's length, padding and "
+            "positions in Python, so a graph would hold one input's plan. Run it eagerly or under torch.compile"
+        )
 
 
 def _right_packing_index(valid: torch.Tensor, width: int) -> torch.Tensor:
@@ -706,10 +739,12 @@ class RecurrentDecoderState:
         self.overlap_embeds = _gather_slots(embeds, index, 1)
         self.overlap_valid = real.gather(1, index)
 
-    @staticmethod
-    def _config_model_shape(config: RecurrentDecoderConfig) -> dict:
-        """The backbone and sizes of a model that a state belongs to, as a saved state records them."""
-        return {"backbone": config.text_config.model_type, **_cache_geometry(config.text_config)}
+    @classmethod
+    def _config_model_shape(cls, config: RecurrentDecoderConfig) -> dict:
+        """The backbone and sizes of a model that a state belongs to, as a saved state records them (a named
+        family's states, saved before the core, do not record their one backbone)."""
+        backbone = {"backbone": config.text_config.model_type} if cls._family == RecurrentDecoderState._family else {}
+        return {**backbone, **_cache_geometry(config.text_config)}
 
     def _file_contents(self) -> tuple[dict[str, torch.Tensor], dict]:
         """Every tensor by name and the header that lets `_from_file_contents` rebuild the state."""
@@ -792,21 +827,9 @@ class RecurrentDecoderState:
         )
 
 
-# A dataclass's field names are fixed when the class is made, and transformers 5.24's generate() reads
-# `outputs.cache`: the state's field takes the installed version's name.
-RecurrentDecoderCausalLMOutput = make_dataclass(
+RecurrentDecoderCausalLMOutput = _model_output_class(
     "RecurrentDecoderCausalLMOutput",
-    [
-        ("loss", torch.FloatTensor | None, field(default=None)),
-        ("logits", torch.FloatTensor | None, field(default=None)),
-        (STATE_NAME, RecurrentDecoderState | None, field(default=None)),
-        ("hidden_states", tuple[torch.FloatTensor, ...] | None, field(default=None)),
-        ("attentions", tuple[torch.FloatTensor, ...] | None, field(default=None)),
-    ],
-    bases=(ModelOutput,),
-    namespace={
-        "__module__": __name__,
-        "__doc__": """
+    """
     Args:
         loss (`torch.FloatTensor` of shape `()`, *optional*):
             Causal language-modelling loss over the whole input (each token predicted once), when `labels` is given.
@@ -824,6 +847,12 @@ RecurrentDecoderCausalLMOutput = make_dataclass(
             column 0 is `h_prev` (zero outside the insertion layer and in a row's first window), column `1 + j` is
             position `j` of the query's own window. Rows of padding positions are zero.
     """,
+    {
+        "loss": torch.FloatTensor | None,
+        "logits": torch.FloatTensor | None,
+        "past_key_values": RecurrentDecoderState | None,
+        "hidden_states": tuple[torch.FloatTensor, ...] | None,
+        "attentions": tuple[torch.FloatTensor, ...] | None,
     },
 )
 
@@ -972,6 +1001,7 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
     """
 
     config_class = RecurrentDecoderConfig
+    state_class = RecurrentDecoderState
     base_model_prefix = "backbone"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
@@ -1100,7 +1130,7 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
         """A fresh state for `batch_size` rows on the model's device and dtype, to pass as `past_key_values`; its
         window schedule defaults to the config's."""
         weight = self.get_input_embeddings().weight
-        return RecurrentDecoderState(
+        return self.state_class(
             self.config,
             batch_size,
             weight.device,
@@ -1112,7 +1142,7 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
     def load_state(self, path: str | os.PathLike) -> RecurrentDecoderState:
         """A state written by `RecurrentDecoderState.save`, read onto the model's device (see
         `RecurrentDecoderState.load` for what is checked)."""
-        return RecurrentDecoderState.load(path, self.config, self.device)
+        return self.state_class.load(path, self.config, self.device)
 
     def _prepare_cache_for_generation(self, generation_config: GenerationConfig, model_kwargs: dict, *args, **kwargs):
         # generate() would only warn that a cache_implementation "will be ignored" and run anyway.
@@ -1124,6 +1154,16 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
                 "cache_implementation from the generate() call or from the generation config (generation_config.json)"
             )
         return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+
+    def _get_stopping_criteria(self, *args, **kwargs) -> StoppingCriteriaList:
+        criteria = super()._get_stopping_criteria(*args, **kwargs)
+        for criterion in criteria:
+            if isinstance(criterion, MaxLengthCriteria):
+                # Positions restart in every window, so a text longer than max_position_embeddings is what this model
+                # is for: transformers' reminder that generation "exceeded the model's predefined maximum length"
+                # would be wrong.
+                criterion.max_position_embeddings = None
+        return criteria
 
     def init_continuous_batching(self, *args, **kwargs):
         # generate(cache_implementation="paged") and generate_batch() come here, past _prepare_cache_for_generation.
@@ -1304,6 +1344,13 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
             start = stop
         return steps
 
+    def _output_flags(self, output_hidden_states: bool | None, output_attentions: bool | None) -> tuple[bool, bool]:
+        """The call's values, else the config's."""
+        return (
+            bool(output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states),
+            bool(output_attentions if output_attentions is not None else self.config.output_attentions),
+        )
+
     def _prepare(
         self,
         input_ids: torch.LongTensor | None,
@@ -1314,6 +1361,7 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, RecurrentDecoderState]:
         """Validate the inputs; return the new positions' embeddings, their real-token mask, where packed documents
         start (from `position_ids`, see `_document_starts`) and the state."""
+        _refuse_export(self)
         if kwargs.get("token_type_ids") is not None:
             raise ValueError(f"token_type_ids are not supported by {type(self).__name__}")
         if (input_ids is None) == (inputs_embeds is None):
@@ -1329,9 +1377,9 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
         self.config.check_model_settings()
         self._bind_attention()
         if state is None:
-            state = RecurrentDecoderState(self.config, batch, inputs_embeds.device, inputs_embeds.dtype)
+            state = self.state_class(self.config, batch, inputs_embeds.device, inputs_embeds.dtype)
         else:
-            state = RecurrentDecoderState.adopt(state, self.config)
+            state = self.state_class.adopt(state, self.config)
             if state.batch_size != batch:
                 raise ValueError(f"{STATE_NAME} holds {state.batch_size} rows but the input has batch size {batch}")
             self.config.check_window_schedule(state.window_size, state.window_overlap)
@@ -1459,10 +1507,7 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
         kept = None
         if keep_logits or loss_per_window:
             kept = _KeptColumns(logits_to_keep if keep_logits else 0, embeds.shape[1], embeds.device)
-        output_hidden_states = bool(
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        )
-        output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
+        output_hidden_states, output_attentions = self._output_flags(output_hidden_states, output_attentions)
         steps = self._forward_windows(
             embeds,
             real,
@@ -1487,16 +1532,80 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
         return output if return_dict is not False else output.to_tuple()
 
 
-# Checkpoints keep the stock layout: the backbone's `model.*` / `transformer.*` / `lm_head.*` on disk, under
-# `backbone.` in memory (reversed on save), so a stock checkpoint loads directly.
-register_checkpoint_conversion_mapping(
-    RecurrentDecoderForCausalLM.__name__,
-    [
-        WeightRenaming(source_patterns=rf"^{prefix}\.", target_patterns=f"backbone.{prefix}.")
-        for prefix in ("model", "transformer", "lm_head")
-    ],
-    overwrite=True,
-)
+class RecurrentGPT2State(RecurrentDecoderState):
+    """The state of a [`RecurrentGPT2LMHeadModel`], whose files name the `recurrent_gpt2` family as they always have."""
+
+    _family = "recurrent_gpt2"
 
 
-__all__ = ["RecurrentDecoderForCausalLM", "RecurrentDecoderState"]
+class RecurrentLlamaState(RecurrentDecoderState):
+    """The state of a [`RecurrentLlamaForCausalLM`], whose files name the `recurrent_llama` family as they always
+    have."""
+
+    _family = "recurrent_llama"
+
+
+class RecurrentGPT2LMHeadModel(RecurrentDecoderForCausalLM):
+    """[`RecurrentDecoderForCausalLM`] over GPT-2, under the name and in the checkpoint layout (a flat
+    [`RecurrentGPT2Config`], the recurrence saved as `transformer.recurrence.*`) that recurrent GPT-2 checkpoints and
+    state files have always had; any GPT-2 checkpoint converts with `from_pretrained(..., window_size=...)`."""
+
+    config_class = RecurrentGPT2Config
+    state_class = RecurrentGPT2State
+
+    @property
+    def transformer(self) -> nn.Module:
+        """The stock `GPT2Model` inside the backbone, where this class kept it before the core (`model.transformer.h`,
+        `model.transformer.wte`, ...)."""
+        return self.backbone.transformer
+
+
+class RecurrentLlamaForCausalLM(RecurrentDecoderForCausalLM):
+    """[`RecurrentDecoderForCausalLM`] over Llama, under the name and in the checkpoint layout (a flat
+    [`RecurrentLlamaConfig`], the recurrence saved as `model.recurrence.*`) that recurrent Llama checkpoints and
+    state files have always had; any Llama checkpoint converts with `from_pretrained(..., window_size=...)`."""
+
+    config_class = RecurrentLlamaConfig
+    state_class = RecurrentLlamaState
+
+    @property
+    def model(self) -> nn.Module:
+        """The stock `LlamaModel` inside the backbone, where this class kept it before the core (`model.model.layers`,
+        `model.model.embed_tokens`, ...)."""
+        return self.backbone.model
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.backbone.lm_head
+
+
+def _stock_layout(recurrence_under: str | None = None) -> list[WeightRenaming]:
+    """Checkpoints keep the stock layout: the backbone's `model.*` / `transformer.*` / `lm_head.*` on disk, under
+    `backbone.` in memory (reversed on save), so a stock checkpoint loads directly. The named families' recurrence
+    is saved inside their base model, at `<recurrence_under>.recurrence.*`, as it always was."""
+    renamings = []
+    if recurrence_under is not None:
+        renamings.append(
+            WeightRenaming(source_patterns=rf"^{recurrence_under}\.recurrence\.", target_patterns="recurrence.")
+        )
+    for prefix in ("model", "transformer", "lm_head"):
+        renamings.append(WeightRenaming(source_patterns=rf"^{prefix}\.", target_patterns=f"backbone.{prefix}."))
+    return renamings
+
+
+for model_class, recurrence_under in (
+    (RecurrentDecoderForCausalLM, None),
+    (RecurrentGPT2LMHeadModel, "transformer"),
+    (RecurrentLlamaForCausalLM, "model"),
+):
+    register_checkpoint_conversion_mapping(model_class.__name__, _stock_layout(recurrence_under), overwrite=True)
+
+
+__all__ = [
+    "RecurrentDecoderForCausalLM",
+    "RecurrentDecoderState",
+    "RecurrentGPT2LMHeadModel",
+    "RecurrentGPT2State",
+    "RecurrentLlamaForCausalLM",
+    "RecurrentLlamaState",
+]

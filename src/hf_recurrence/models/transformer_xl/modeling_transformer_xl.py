@@ -31,7 +31,7 @@ logger = logging.get_logger(__name__)
 STATE_NAME = "cache" if isinstance(getattr(ModelOutput, "past_key_values", None), property) else "past_key_values"
 
 
-# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._given_state
+# Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._given_state
 def _given_state(past_key_values: object | None, cache: object | None) -> object | None:
     """The state passed under either name."""
     if past_key_values is not None and cache is not None:
@@ -41,7 +41,7 @@ def _given_state(past_key_values: object | None, cache: object | None) -> object
     return past_key_values if cache is None else cache
 
 
-# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._model_output_class
+# Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._model_output_class
 def _model_output_class(name: str, doc: str, fields: dict[str, object]) -> type[ModelOutput]:
     """A ModelOutput dataclass with `fields` (name -> annotation, each defaulting to None), in which the field named
     `past_key_values` takes the installed transformers' name for the state (a dataclass's field names are fixed when
@@ -88,7 +88,7 @@ def distance_attentions(probs: torch.Tensor, slots: int, width: int) -> torch.Te
     return gathered * (key >= 0).to(probs.dtype)
 
 
-# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._refuse_export
+# Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._refuse_export
 def _refuse_export(model: nn.Module) -> None:
     """Raise when `model` runs under torch.export (and the dynamo ONNX exporter), TorchScript tracing or the
     TorchScript ONNX exporter; torch.compile is not refused (it guards and recompiles where a trace would not)."""
@@ -103,7 +103,7 @@ def _refuse_export(model: nn.Module) -> None:
         )
 
 
-# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._document_starts
+# Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._document_starts
 def _document_starts(position_ids: torch.Tensor | None, real: torch.Tensor, continuing: bool) -> torch.Tensor | None:
     """Where packed documents begin, read from `position_ids` (batch, length) as TRL's and transformers' packing
     collators write them: positions count up by one inside a document and restart at 0 where the next one begins.
@@ -144,7 +144,7 @@ def _document_starts(position_ids: torch.Tensor | None, real: torch.Tensor, cont
     return starts if bool(starts.any()) else None
 
 
-# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._drop_cross_document_targets
+# Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._drop_cross_document_targets
 def _drop_cross_document_targets(targets: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
     """(batch, length) shifted targets without those of the positions followed by a document start (position 0): the
     last token of a packed document does not predict the first token of the next."""
@@ -379,7 +379,7 @@ STATE_FILE_FORMAT_VERSION = 1
 _STATE_HEADER_KEY = "hf_recurrence_state"
 
 
-# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._write_state_file
+# Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._write_state_file
 def _write_state_file(
     path: str | os.PathLike, tensors: dict[str, torch.Tensor], header: dict, overwrite: bool
 ) -> None:
@@ -410,7 +410,7 @@ def _write_state_file(
         Path(partial).unlink(missing_ok=True)
 
 
-# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._read_state_file
+# Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._read_state_file
 def _read_state_file(
     path: str | os.PathLike, family: str, device: torch.device | str | None
 ) -> tuple[dict[str, torch.Tensor], dict]:
@@ -447,7 +447,7 @@ def _read_state_file(
     return tensors, header
 
 
-# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._header_int
+# Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._header_int
 def _header_int(header: dict, name: str, source: object, minimum: int = 0) -> int:
     """The whole number `header[name]`, refused unless it is one (not a bool, float or string) and >= `minimum`."""
     value = header.get(name)
@@ -458,7 +458,7 @@ def _header_int(header: dict, name: str, source: object, minimum: int = 0) -> in
     return value
 
 
-# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._check_finite
+# Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._check_finite
 def _check_finite(tensors: dict[str, torch.Tensor], source: object) -> None:
     """Refuse NaN or infinite values, which no run of the model leaves in a state and which would reach the logits."""
     for name, tensor in tensors.items():
@@ -466,7 +466,7 @@ def _check_finite(tensors: dict[str, torch.Tensor], source: object) -> None:
             raise ValueError(f"{source} has non-finite values (NaN or inf) in {name!r}")
 
 
-# Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2._check_state_fits
+# Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._check_state_fits
 def _check_state_fits(found: dict, expected: dict, source: object) -> None:
     """Refuse a state of another model shape (layers, heads, sizes), batch size or dtype than `expected`, naming every
     difference in one error."""
@@ -735,7 +735,7 @@ class TransformerXLState:
         """The sizes of a model that a state belongs to, as a saved state records them."""
         return {"layers": config.n_layer, "heads": config.n_head, "head_dim": config.d_head, "d_model": config.d_model}
 
-    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.save
+    # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderState.save
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> None:
         """Write the state to a safetensors file (its tensors plus a JSON header: family, format version, model shape,
         the state's settings), to continue the text later, elsewhere, or with the model loaded as remote code.
@@ -745,7 +745,7 @@ class TransformerXLState:
         tensors, header = self._file_contents()
         _write_state_file(path, tensors, header, overwrite)
 
-    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.load with RecurrentGPT2Config->TransformerXLConfig, RecurrentGPT2State->TransformerXLState
+    # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderState.load with RecurrentDecoderConfig->TransformerXLConfig, RecurrentDecoderState->TransformerXLState
     @classmethod
     def load(
         cls, path: str | os.PathLike, config: TransformerXLConfig, device: torch.device | str | None = None
@@ -825,7 +825,7 @@ class TransformerXLState:
                 f"({valid.tolist()}, 'mem_valid')"
             )
 
-    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State.adopt with RecurrentGPT2Config->TransformerXLConfig, RecurrentGPT2State->TransformerXLState
+    # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderState.adopt with RecurrentDecoderConfig->TransformerXLConfig, RecurrentDecoderState->TransformerXLState
     @classmethod
     def adopt(
         cls, state: object, config: TransformerXLConfig, batch_size: int, dtype: torch.dtype
@@ -840,7 +840,7 @@ class TransformerXLState:
         _check_state_fits(found, expected, "past_key_values")
         return state
 
-    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2State._adopt_other_copy with RecurrentGPT2Config->TransformerXLConfig, RecurrentGPT2State->TransformerXLState
+    # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderState._adopt_other_copy with RecurrentDecoderConfig->TransformerXLConfig, RecurrentDecoderState->TransformerXLState
     @classmethod
     def _adopt_other_copy(cls, state: object, config: TransformerXLConfig) -> "TransformerXLState":
         if type(state).__name__ != cls.__name__ or getattr(state, "_family", None) != cls._family:
@@ -933,7 +933,7 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
         # generate() must not hand us a DynamicCache: the model creates and returns its own TransformerXLState.
         return False
 
-    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2PreTrainedModel.load_state with RecurrentGPT2State->TransformerXLState
+    # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderForCausalLM.load_state with RecurrentDecoderState->TransformerXLState
     def load_state(self, path: str | os.PathLike) -> TransformerXLState:
         """A state written by `TransformerXLState.save`, read onto the model's device, to pass as `past_key_values`
         and continue the text it read (see `TransformerXLState.load` for what is checked)."""
@@ -1164,7 +1164,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         """Validate the inputs; return the new positions' embeddings, their real-token mask, where packed documents
         start (from `position_ids`, see `_document_starts`) and the state."""
         _refuse_export(self)
-        # Adapted from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2Model._prepare: model
+        # Adapted from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderForCausalLM._prepare: model
         # folders must stay self-contained, so the shared input contract is restated here.
         if kwargs.get("token_type_ids") is not None:
             raise ValueError("token_type_ids cannot be passed to Transformer-XL")
@@ -1261,7 +1261,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         )
         return output if return_dict is not False else output.to_tuple()
 
-    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2Model._output_flags
+    # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderForCausalLM._output_flags
     def _output_flags(self, output_hidden_states: bool | None, output_attentions: bool | None) -> tuple[bool, bool]:
         """The call's values, else the config's."""
         return (
@@ -1307,20 +1307,19 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
         # The adaptive softmax is no single output embedding (resizing the vocabulary cannot work on it).
         return self.lm_head if isinstance(self.lm_head, nn.Linear) else None
 
-    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2LMHeadModel._prepare_cache_for_generation
+    # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderForCausalLM._prepare_cache_for_generation
     def _prepare_cache_for_generation(self, generation_config: GenerationConfig, model_kwargs: dict, *args, **kwargs):
         # generate() would only warn that a cache_implementation "will be ignored" and run anyway.
         if generation_config.cache_implementation is not None:
             raise ValueError(
                 f"cache_implementation={generation_config.cache_implementation!r} cannot be honoured by "
                 f"{type(self).__name__}: the model carries its own recurrent state of bounded size (returned as "
-                "past_key_values) instead of a transformers Cache, so there is no cache to choose. Remove "
-                "cache_implementation from the generate() call or from the generation config (generation_config.json); "
-                "a fixed-size cache for the recurrent state is future work"
+                f"{STATE_NAME}) instead of a transformers Cache, so there is no cache to choose. Remove "
+                "cache_implementation from the generate() call or from the generation config (generation_config.json)"
             )
         return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
-    # Copied from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2LMHeadModel.init_continuous_batching
+    # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderForCausalLM.init_continuous_batching
     def init_continuous_batching(self, *args, **kwargs):
         # generate(cache_implementation="paged") and generate_batch() come here, past _prepare_cache_for_generation.
         raise ValueError(
@@ -1332,7 +1331,7 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.lm_head = new_embeddings
 
-    # Adapted from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2LMHeadModel._targets (this
+    # Adapted from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderForCausalLM._targets (this
     # model also masks padding, which it removes before reading segments).
     def _targets(
         self,
@@ -1355,7 +1354,7 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
         # Padding is removed before the segments are read, so its positions must not be targets.
         return _drop_cross_document_targets(targets.to(real.device).masked_fill(~real, -100), position_ids)
 
-    # Adapted from hf_recurrence.models.recurrent_gpt2.modeling_recurrent_gpt2.RecurrentGPT2LMHeadModel (same loss
+    # Adapted from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderForCausalLM (same loss
     # and return_logits contract; model folders must stay self-contained).
     def _loss(self, logits: torch.Tensor, shift_labels: torch.Tensor, num_items: torch.Tensor | int) -> torch.Tensor:
         """Summed cross-entropy of already shifted labels, divided by the item count of the whole input."""
