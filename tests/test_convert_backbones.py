@@ -171,9 +171,9 @@ def gguf_first_window_is_the_stock_model(gguf: Path, tmp_path: Path, options: li
         logits = model(tokens).logits[:, :window]
         del model
         stock = load_causal_lm_from_gguf(gguf, AutoModelForCausalLM).eval()
-        # The same de-quantised weights through safetensors; many layers of fp32 logits of magnitude ~10-100 on
-        # another kernel path: 1e-4 absolute is far below any change the recurrence would make.
-        torch.testing.assert_close(logits, stock(tokens[:, :window]).logits, rtol=1e-5, atol=1e-4)
+        # The same de-quantised weights read back from safetensors: measured bit-identical for both files here
+        # (logits up to ~31); another CPU's kernel path may move fp32 logits by ~1e-7 (ACROSS_KERNELS).
+        torch.testing.assert_close(logits, stock(tokens[:, :window]).logits, **ACROSS_KERNELS)
 
 
 @pytest.mark.slow
