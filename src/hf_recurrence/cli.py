@@ -14,7 +14,7 @@ from .outputs import UsageError
 
 # command -> (module with `add_arguments(parser)`, `run(args) -> int` and maybe `OPTION_CLASSES`, one-line help)
 COMMANDS = {
-    "convert": (convert, "Convert a GPT-2 or Llama checkpoint (folder or GGUF) into a recurrent one."),
+    "convert": (convert, "Convert a stock causal LM (folder or GGUF) into a recurrent one."),
     "evaluate": (evaluate, "Windowed perplexity and FLOPs/token of models over overlaps."),
     "generate": (generate, "Generate text with a (recurrent) causal LM."),
     "push": (push, "Upload a saved model folder to the Hub with a model card."),

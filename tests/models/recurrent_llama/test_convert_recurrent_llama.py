@@ -46,7 +46,7 @@ def test_convert_refuses_llama_settings_for_gpt2(options, named, tmp_path, capsy
     GPT2LMHeadModel(GPT2Config(**TINY_GPT2)).save_pretrained(tmp_path / "gpt2")
     argv = ["convert", str(tmp_path / "gpt2"), str(tmp_path / "out"), "--window_size", "8", *options]
     assert main(argv) == 2
-    assert f"{named} apply to Llama checkpoints only" in capsys.readouterr().err
+    assert f"{named} do not apply to recurrent_gpt2 (a 'gpt2' checkpoint)" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

@@ -1,0 +1,196 @@
+"""`hf-recurrence convert` into the recurrence core (`RecurrentDecoderForCausalLM`): a stock folder or GGUF file of
+any supported model type becomes a checkpoint that loads with `AutoModelForCausalLM` (installed, and as remote code
+without the package) and whose first window is the stock model; an unsupported model type is refused in one line.
+The real SmolLM2 and Gemma 3 270M GGUF files are converted by the slow tests."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from hf_recurrence import RecurrentDecoderForCausalLM, RecurrentGPT2LMHeadModel
+from hf_recurrence.cli import main
+from hf_recurrence.models.recurrent_decoder.configuration_recurrent_decoder import PRE_ATTENTION_NORMS
+
+from .common import (
+    ACROSS_KERNELS,
+    REPO_ROOT,
+    TINY_BACKBONE,
+    run_isolated_python,
+    stdlib_tokenizer,
+    user_error,
+)
+from .families import BACKBONES
+
+
+BY_NAME = {backbone.name: backbone for backbone in BACKBONES}
+# Rows of the backbone table converted here: untied biased projections (Qwen2), two layer types with a sliding window
+# and scaled embeddings (Gemma3), a GPT-2 made into the core rather than into its named class.
+CONVERTED = ("qwen2", "gemma3_text", "gpt2")
+RECURRENCE_OPTIONS = ["--window_size", "8", "--window_overlap", "2", "--insertion_layer", "1"]
+
+
+def ids(length: int = 30) -> torch.Tensor:
+    """Token ids inside the tiny tokenizer's vocabulary, without 0 (the tiny configs' padding id)."""
+    return torch.randint(1, 250, (2, length), generator=torch.Generator().manual_seed(1))
+
+
+def stock_folder(name: str, folder: Path) -> PreTrainedModel:
+    """Save a tiny random stock model of the backbone table's row `name`, with a tokenizer, to `folder`."""
+    tokenizer = stdlib_tokenizer()
+    overrides = {**TINY_BACKBONE, **BY_NAME[name].overrides, "vocab_size": len(tokenizer)}
+    torch.manual_seed(0)
+    stock = AutoModelForCausalLM.from_config(AutoConfig.for_model(name, **overrides)).eval()
+    stock.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return stock
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> dict[str, tuple[Path, torch.Tensor]]:
+    """Each of CONVERTED, converted with `--model_class recurrent_decoder` (the default for all but GPT-2): the output
+    folder and the stock model's logits on the first window of `ids()`."""
+    root = tmp_path_factory.mktemp("convert")
+    results = {}
+    for name in CONVERTED:
+        stock = stock_folder(name, root / name)
+        out = root / f"recurrent-{name}"
+        class_option = ["--model_class", "recurrent_decoder"] if name == "gpt2" else []
+        assert main(["convert", str(root / name), str(out), *RECURRENCE_OPTIONS, *class_option]) == 0
+        with torch.no_grad():
+            results[name] = (out, stock(ids()[:, :8]).logits)
+    return results
+
+
+@pytest.mark.parametrize("name", CONVERTED)
+def test_a_stock_folder_converts_into_the_core_with_the_stock_first_window(name, converted):
+    out, stock_logits = converted[name]
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(model) is RecurrentDecoderForCausalLM
+    config = model.config
+    assert config.text_config.model_type == name
+    assert (config.window_size, config.window_overlap, config.insertion_layer) == (8, 2, 1)
+    assert len(AutoTokenizer.from_pretrained(out)) == len(stdlib_tokenizer())
+    with torch.no_grad():
+        logits = model(ids()).logits
+    # Reloaded weights are the stock ones; another kernel path may move fp32 logits by ~1e-7 (ACROSS_KERNELS).
+    torch.testing.assert_close(logits[:, :8], stock_logits, **ACROSS_KERNELS)
+
+
+@pytest.mark.remote_code
+def test_converted_checkpoints_load_as_remote_code_without_the_package(converted, tmp_path):
+    # One fresh interpreter for every converted family: starting one costs more than loading a tiny model.
+    torch.save({name: logits for name, (_, logits) in converted.items()}, tmp_path / "reference.pt")
+    folders = {name: str(out) for name, (out, _) in converted.items()}
+    code = f"""
+import torch
+import transformers
+reference = torch.load({str(tmp_path / "reference.pt")!r})
+ids = torch.randint(1, 250, (2, 30), generator=torch.Generator().manual_seed(1))
+for name, folder in {folders!r}.items():
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+    assert model.config.text_config.model_type == name
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits[:, :8], reference[name], rtol=1e-6, atol=1e-6)
+    print("REMOTE_OK", name)
+"""
+    result = run_isolated_python(code, cwd=tmp_path, hf_home=tmp_path / "hf_home")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert all(f"REMOTE_OK {name}" in result.stdout for name in CONVERTED)
+
+
+def test_gpt2_stays_a_recurrent_gpt2_by_default_and_a_converted_core_rewindows(converted, tmp_path, capsys):
+    out, stock_logits = converted["gpt2"]
+    source = out.parent / "gpt2"
+    assert main(["convert", str(source), str(tmp_path / "named"), *RECURRENCE_OPTIONS]) == 0
+    assert "Saved a recurrent GPT-2" in capsys.readouterr().out
+    assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "named")) is RecurrentGPT2LMHeadModel
+
+    # A converted core checkpoint converts again with other settings and keeps its recurrence weights.
+    assert main(["convert", str(out), str(tmp_path / "rewindowed"), "--window_size", "4"]) == 0
+    assert "new weights: 0 tensors" in capsys.readouterr().out
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "rewindowed").eval()
+    assert model.config.window_size == 4 and model.config.window_overlap == 2
+    before = AutoModelForCausalLM.from_pretrained(out)
+    for name, tensor in before.recurrence.state_dict().items():
+        assert torch.equal(tensor, model.recurrence.state_dict()[name]), name
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids()[:, :4]).logits, stock_logits[:, :4], **ACROSS_KERNELS)
+
+
+def test_an_unsupported_model_type_is_refused_naming_it_and_the_supported_ones(tmp_path, capsys):
+    # The config alone decides: nothing is loaded before the refusal.
+    AutoConfig.for_model("falcon").save_pretrained(tmp_path / "falcon")
+    error = user_error(capsys, ["convert", str(tmp_path / "falcon"), str(tmp_path / "out")])
+    assert "'falcon' checkpoint, which the recurrence has not been checked on" in error
+    supported = error.split("convert takes these model types: ")[1]
+    assert all(model_type in supported for model_type in PRE_ATTENTION_NORMS)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (
+            ["--model_class", "recurrent_llama"],
+            "--model_class recurrent_llama does not take a 'qwen2' checkpoint; use recurrent_decoder",
+        ),
+        (["--h_prev_rope_position", "0"], "--h_prev_rope_position do not apply to recurrent_decoder"),
+    ],
+    ids=["named-class", "llama-only-setting"],
+)
+def test_a_class_or_setting_that_does_not_fit_the_checkpoint_is_refused(options, expected, tmp_path, capsys):
+    AutoConfig.for_model("qwen2", **TINY_BACKBONE).save_pretrained(tmp_path / "qwen2")
+    error = user_error(capsys, ["convert", str(tmp_path / "qwen2"), str(tmp_path / "out"), *options])
+    assert expected in error
+    assert not (tmp_path / "out").exists()
+
+
+def test_model_class_does_not_apply_to_a_transfo_xl_checkpoint(tmp_path, capsys):
+    checkpoint = REPO_ROOT / "tests" / "fixtures" / "transfo_xl_4x" / "checkpoint"
+    argv = ["convert", str(checkpoint), str(tmp_path / "out"), "--model_class", "recurrent_decoder"]
+    assert "--model_class apply to decoder checkpoints, not to a TransfoXL one" in user_error(capsys, argv)
+    assert not (tmp_path / "out").exists()
+
+
+def gguf_first_window_is_the_stock_model(gguf: Path, tmp_path: Path, options: list[str], window: int) -> None:
+    """Convert `gguf` through the command into the core, reload it, and compare its first window with the stock
+    model de-quantised from the same file."""
+    from hf_recurrence.smollm2 import load_causal_lm_from_gguf
+
+    out = tmp_path / "recurrent"
+    assert main(["convert", str(gguf), str(out), "--model_class", "recurrent_decoder", *options]) == 0
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(model) is RecurrentDecoderForCausalLM and model.config.window_size == window
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    text = "It is a truth universally acknowledged, that a single man in possession of a good fortune " * 8
+    tokens = tokenizer(text, return_tensors="pt").input_ids[:, : window + 20]
+    with torch.no_grad():
+        logits = model(tokens).logits[:, :window]
+        del model
+        stock = load_causal_lm_from_gguf(gguf, AutoModelForCausalLM).eval()
+        # The same de-quantised weights read back from safetensors: measured bit-identical for both files here
+        # (logits up to ~31); another CPU's kernel path may move fp32 logits by ~1e-7 (ACROSS_KERNELS).
+        torch.testing.assert_close(logits, stock(tokens[:, :window]).logits, **ACROSS_KERNELS)
+
+
+@pytest.mark.slow
+def test_the_smollm2_gguf_converts_into_the_core(tmp_path):
+    from hf_recurrence.smollm2 import smollm2_gguf_path
+
+    try:
+        gguf = smollm2_gguf_path()
+    except FileNotFoundError as error:
+        pytest.skip(str(error))
+    gguf_first_window_is_the_stock_model(gguf, tmp_path, ["--window_size", "64", "--insertion_layer", "2"], 64)
+
+
+@pytest.mark.slow
+def test_the_gemma3_270m_gguf_converts_into_the_core(tmp_path):
+    from hf_recurrence.gemma3 import GEMMA3_MODULE, gemma3_270m_gguf_path
+
+    pytest.importorskip(GEMMA3_MODULE)
+    options = ["--window_size", "64", "--window_overlap", "8", "--insertion_layer", "2"]
+    gguf_first_window_is_the_stock_model(gemma3_270m_gguf_path(), tmp_path, options, 64)
