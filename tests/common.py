@@ -209,6 +209,19 @@ def run_isolated_python(
     )
 
 
+def greedy_loop(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Argmax over a one-shot forward of the whole sequence, one token at a time: the definition of greedy decoding
+    (with the end of sequence forbidden, as `min_new_tokens` does)."""
+    ids = prompt
+    eos = model.generation_config.eos_token_id
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            scores = model(ids, use_cache=False).logits[:, -1]
+            scores[:, [] if eos is None else eos] = -float("inf")
+            ids = torch.cat([ids, scores.argmax(-1, keepdim=True)], dim=1)
+    return ids
+
+
 def greedy_text(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
     """The text that greedy decoding adds to `prompt`, by definition: argmax over a one-shot forward of the whole
     sequence, one token at a time, up to an end-of-sequence token. A pipeline that decoded from a fresh state at some

@@ -250,7 +250,7 @@ def test_parameter_groups_give_the_recurrence_and_the_backbone_their_own_learnin
 def test_shuffled_h_prev_reads_each_row_with_another_rows_summary():
     model = book_reproduction.recurrent_llama_from_llama(_tiny_llama(), window_size=8, insertion_layer=1)
     with torch.no_grad():
-        for parameter in model.model.recurrence.parameters():  # an untrained FFN starts near zero: make it matter
+        for parameter in model.recurrence.parameters():  # an untrained FFN starts near zero: make it matter
             parameter.normal_()
     ids = torch.randint(1, 99, (2, 24), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():

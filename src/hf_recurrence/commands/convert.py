@@ -270,10 +270,8 @@ def run(args: argparse.Namespace) -> int:
     )
     _save(args.output_dir, model, tokenizer)
     config = model.config
-    if isinstance(model, RecurrentDecoderForCausalLM):
-        family = f"RecurrentDecoderForCausalLM over a {config.text_config.model_type!r} backbone"
-    else:
-        family = "recurrent Llama" if isinstance(model, RecurrentLlamaForCausalLM) else "recurrent GPT-2"
+    named = {RecurrentLlamaForCausalLM: "recurrent Llama", RecurrentGPT2LMHeadModel: "recurrent GPT-2"}
+    family = named.get(type(model), f"{type(model).__name__} over a {config.text_config.model_type!r} backbone")
     print(
         f"Saved a {family} (window_size={config.window_size}, window_overlap={config.window_overlap}, "
         f"insertion_layer={config.insertion_layer}) to {args.output_dir}; new weights: "

@@ -9,6 +9,7 @@ from hf_recurrence import RecurrentGPT2LMHeadModel
 from ...common import (
     TINY_GPT2,
     assert_cache_implementation_is_refused,
+    greedy_loop,
     greedy_text,
     stdlib_tokenizer,
     tiny_recurrent_config,
@@ -19,22 +20,12 @@ def make_model(**overrides) -> RecurrentGPT2LMHeadModel:
     return RecurrentGPT2LMHeadModel(tiny_recurrent_config(**overrides)).eval()
 
 
-def greedy_loop(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """Argmax over a one-shot forward of the whole sequence, one token at a time: the definition of greedy decoding."""
-    ids = prompt
-    with torch.no_grad():
-        for _ in range(new_tokens):
-            next_token = model(ids, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
-            ids = torch.cat([ids, next_token], dim=1)
-    return ids
-
-
 @pytest.mark.parametrize("overlap", [0, 3])
 def test_greedy_generate_far_past_n_positions_equals_argmax_loop(overlap):
     model = make_model(window_overlap=overlap)
     prompt = torch.randint(1, 99, (1, 5))
     new_tokens = 5 * model.config.n_positions  # 80 tokens: 10+ windows
-    generated = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False)
+    generated = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
     assert generated.shape == (1, 5 + new_tokens)
     torch.testing.assert_close(generated, greedy_loop(model, prompt, new_tokens), rtol=0, atol=0)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from hf_recurrence import RecurrentLlamaForCausalLM
+from hf_recurrence import RecurrentGPT2LMHeadModel, RecurrentLlamaForCausalLM
 from hf_recurrence.cli import main
 from hf_recurrence.smollm2 import smollm2_gguf_path
 
@@ -32,22 +32,17 @@ def test_convert_keeps_a_llama_folder_and_adds_the_recurrence(tmp_path, capsys):
         torch.testing.assert_close(model(ids).logits, llama(ids).logits, **ACROSS_KERNELS)
 
 
-@pytest.mark.parametrize(
-    ("options", "named"),
-    [
-        (["--h_prev_rope_position", "0"], "--h_prev_rope_position"),
-        (
-            ["--normalize_pooled_states", "--recurrence_input", "zeros"],
-            "--normalize_pooled_states, --recurrence_input",
-        ),
-    ],
-)
-def test_convert_refuses_llama_settings_for_gpt2(options, named, tmp_path, capsys):
-    GPT2LMHeadModel(GPT2Config(**TINY_GPT2)).save_pretrained(tmp_path / "gpt2")
-    argv = ["convert", str(tmp_path / "gpt2"), str(tmp_path / "out"), "--window_size", "8", *options]
-    assert main(argv) == 2
-    assert f"{named} do not apply to recurrent_gpt2 (a 'gpt2' checkpoint)" in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
+def test_convert_gives_gpt2_the_recurrence_settings_and_refuses_a_rotary_h_prev(tmp_path, capsys):
+    tokenizer = stdlib_tokenizer()
+    GPT2LMHeadModel(GPT2Config(**{**TINY_GPT2, "vocab_size": len(tokenizer)})).save_pretrained(tmp_path / "gpt2")
+    tokenizer.save_pretrained(tmp_path / "gpt2")
+    argv = ["convert", str(tmp_path / "gpt2"), str(tmp_path / "out"), "--window_size", "8", "--insertion_layer", "1"]
+    assert main([*argv, "--normalize_pooled_states", "--recurrence_input", "zeros"]) == 0
+    config = RecurrentGPT2LMHeadModel.from_pretrained(tmp_path / "out").config
+    assert (config.normalize_pooled_states, config.recurrence_input) == (True, "zeros")
+    # GPT-2 has learned absolute positions, no rotary embedding to turn the h_prev key with.
+    assert main([*argv, "--h_prev_rope_position", "0", "--overwrite"]) == 2
+    assert "h_prev_rope_position" in capsys.readouterr().err
 
 
 def test_convert_names_a_missing_gguf_file(tmp_path, capsys):

@@ -6,21 +6,11 @@ from transformers import pipeline
 
 from hf_recurrence import RecurrentLlamaForCausalLM
 
-from ...common import greedy_text, stdlib_tokenizer, tiny_recurrent_llama_config
+from ...common import greedy_loop, greedy_text, stdlib_tokenizer, tiny_recurrent_llama_config
 
 
 def make_model(**overrides) -> RecurrentLlamaForCausalLM:
     return RecurrentLlamaForCausalLM(tiny_recurrent_llama_config(**overrides)).eval()
-
-
-def greedy_loop(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """Argmax over a one-shot forward of the whole sequence, one token at a time: the definition of greedy decoding."""
-    ids = prompt
-    with torch.no_grad():
-        for _ in range(new_tokens):
-            next_token = model(ids, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
-            ids = torch.cat([ids, next_token], dim=1)
-    return ids
 
 
 @pytest.mark.parametrize("overlap", [0, 3])
@@ -28,7 +18,7 @@ def test_greedy_generate_far_past_max_position_embeddings_equals_argmax_loop(ove
     model = make_model(window_overlap=overlap)
     prompt = torch.randint(1, 99, (1, 5))
     new_tokens = 5 * model.config.max_position_embeddings  # 80 tokens: 10+ windows
-    generated = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False)
+    generated = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
     assert generated.shape == (1, 5 + new_tokens)
     torch.testing.assert_close(generated, greedy_loop(model, prompt, new_tokens), rtol=0, atol=0)
 

@@ -61,7 +61,7 @@ def test_a_short_fine_tune_trains_the_recurrence_and_lowers_the_loss(converted):
     _, out = converted
     model = RecurrentLlamaForCausalLM.from_pretrained(out).train()
     for name, parameter in model.named_parameters():
-        parameter.requires_grad = name.startswith("model.recurrence.")
+        parameter.requires_grad = name.startswith("recurrence.")
     recurrence = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     ids = real_text_ids(AutoTokenizer.from_pretrained(out), windows=2)
     labels = ids.clone()

@@ -12,13 +12,13 @@ from ...common import RandomBlocks, tiny_recurrent_llama_config, tiny_training_a
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_trainer_trains_on_long_blocks(tmp_path, checkpointing):
     model = RecurrentLlamaForCausalLM(tiny_recurrent_llama_config(window_overlap=2))
-    before = model.model.recurrence.ffn[0].weight.detach().clone()
+    before = model.recurrence.ffn[0].weight.detach().clone()
     args = tiny_training_arguments(tmp_path, gradient_accumulation_steps=2, activation_checkpointing=checkpointing)
     trainer = Trainer(model=model, args=args, train_dataset=RandomBlocks(8, 48), eval_dataset=RandomBlocks(4, 48))
     result = trainer.train()
-    assert model.model.window_step.gradient_checkpointing is checkpointing
+    assert model.window_step.gradient_checkpointing is checkpointing
     assert torch.isfinite(torch.tensor(result.training_loss))
-    assert not torch.equal(before, model.model.recurrence.ffn[0].weight)
+    assert not torch.equal(before, model.recurrence.ffn[0].weight)
     assert torch.isfinite(torch.tensor(trainer.evaluate()["eval_loss"]))
 
 

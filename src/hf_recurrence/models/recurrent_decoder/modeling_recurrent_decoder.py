@@ -834,7 +834,7 @@ RecurrentDecoderCausalLMOutput = _model_output_class(
         loss (`torch.FloatTensor` of shape `()`, *optional*):
             Causal language-modelling loss over the whole input (each token predicted once), when `labels` is given.
         logits (`torch.FloatTensor` of shape `(batch_size, kept_positions, vocab_size)`, *optional*):
-            Next-token scores from the backbone's own head. Omitted when `labels` is given, unless
+            Next-token scores from the backbone's own head. Omitted when `labels` is given in training mode, unless
             `return_logits=True`.
         past_key_values ([`RecurrentDecoderState`], *optional*):
             State to continue from, returned when `use_cache=True`; the field is named `cache` from transformers 5.24
@@ -1470,7 +1470,8 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
                 Whether to return every layer's attention weights, laid out by window position (see
                 [`RecurrentDecoderCausalLMOutput`]); computed with the backbone's eager attention.
             return_logits (`bool`, *optional*):
-                Whether to return the logits. Defaults to `True` without `labels` and `False` with them.
+                Whether to return the logits. Defaults to `True`, except with `labels` in training mode (`False`: the
+                memory-lean window-by-window loss). `False` in eval mode gives the loss alone, window by window.
             logits_to_keep (`int` or `torch.Tensor`, *optional*, defaults to 0):
                 An int: the logits of the last `logits_to_keep` positions only (0: all), as `generate()` asks for
                 when it reads a prompt. A 1D tensor: the positions to keep. Not combinable with `labels`.
@@ -1490,7 +1491,8 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
             )
         inputs = input_ids if input_ids is not None else inputs_embeds
         shift_labels = self._targets(labels, kwargs.get("shift_labels"), inputs, kwargs.get("position_ids"))
-        keep_logits = shift_labels is None if return_logits is None else return_logits
+        # Evaluation (Trainer's prediction_step, compute_metrics) needs the logits; training keeps the memory-lean loss.
+        keep_logits = (shift_labels is None or not self.training) if return_logits is None else return_logits
         num_items = None
         if shift_labels is not None:
             num_items = kwargs.get("num_items_in_batch")

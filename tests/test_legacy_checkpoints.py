@@ -1,0 +1,55 @@
+"""Checkpoints and state files written by the hand-written recurrent GPT-2 and Llama (before they became names over the
+recurrence core) load into today's classes and give the outputs they gave then; re-saved, they keep their layout.
+
+The files are in tests/fixtures/recurrent_families_0_1 (its make_fixture.py says how they were written).
+"""
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM
+
+from hf_recurrence import RecurrentGPT2LMHeadModel, RecurrentLlamaForCausalLM
+
+from .common import ACROSS_KERNELS, REPO_ROOT, assert_loads_with_remote_code
+
+
+FIXTURES = REPO_ROOT / "tests" / "fixtures" / "recurrent_families_0_1"
+CLASSES = {"recurrent_gpt2": RecurrentGPT2LMHeadModel, "recurrent_llama": RecurrentLlamaForCausalLM}
+
+
+def _tensor_names(path) -> set[str]:
+    with safe_open(str(path), framework="pt") as file:
+        return set(file.keys())  # noqa: SIM118 (safe_open has no __iter__)
+
+
+@pytest.mark.parametrize("family", sorted(CLASSES))
+def test_an_old_checkpoint_and_state_file_continue_the_text_as_they_did(family):
+    reference = torch.load(FIXTURES / f"{family}_reference.pt")
+    ids, mask, prefix = reference["input_ids"], reference["attention_mask"], reference["prefix_length"]
+    model, info = AutoModelForCausalLM.from_pretrained(FIXTURES / family, output_loading_info=True)
+    assert type(model) is CLASSES[family]
+    assert not any(info.values()), info  # every tensor has its place, none is new
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model(ids[:, :prefix], attention_mask=mask[:, :prefix]).logits, reference["prefix_logits"], **ACROSS_KERNELS
+        )
+        state = model.load_state(FIXTURES / f"{family}_state.safetensors")
+        continued = model(ids[:, prefix:], attention_mask=mask, past_key_values=state).logits
+    torch.testing.assert_close(continued, reference["continuation_logits"], **ACROSS_KERNELS)
+
+
+@pytest.mark.parametrize("family", sorted(CLASSES))
+def test_a_resaved_old_checkpoint_keeps_its_layout_and_loads_as_remote_code(family, tmp_path):
+    model = CLASSES[family].from_pretrained(FIXTURES / family).eval()
+    model.save_pretrained(tmp_path / "resaved")
+    assert _tensor_names(tmp_path / "resaved" / "model.safetensors") == _tensor_names(
+        FIXTURES / family / "model.safetensors"
+    )
+    state = model.load_state(FIXTURES / f"{family}_state.safetensors")
+    state.save(tmp_path / "state.safetensors")
+    assert _tensor_names(tmp_path / "state.safetensors") == _tensor_names(FIXTURES / f"{family}_state.safetensors")
+    reference = torch.load(FIXTURES / f"{family}_reference.pt")
+    inputs = {"input_ids": reference["input_ids"], "attention_mask": reference["attention_mask"]}
+    assert_loads_with_remote_code(model, inputs, tmp_path / "remote", "AutoModelForCausalLM")
