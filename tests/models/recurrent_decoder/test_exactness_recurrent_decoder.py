@@ -22,18 +22,22 @@ SETTINGS = {"window_size": 8, "insertion_layer": 1, "recurrence_hidden_sizes": [
 ROUNDING = {"rtol": 1e-5, "atol": 1e-5}
 
 
-def pair(family: str, attn_implementation: str, overlap: int):
+def pair(family: str, attn_implementation: str, overlap: int, **settings):
     """Today's model with random recurrence weights large enough that h_prev matters, and the core with its
-    weights."""
+    weights; `settings`: further recurrence settings for both."""
     torch.manual_seed(0)
     if family == "gpt2":
         today = RecurrentGPT2LMHeadModel(
-            tiny_recurrent_config(**SETTINGS, window_overlap=overlap, attn_implementation=attn_implementation)
+            tiny_recurrent_config(
+                **SETTINGS, **settings, window_overlap=overlap, attn_implementation=attn_implementation
+            )
         )
         text_config = GPT2Config(**TINY_GPT2)
     else:
         today = RecurrentLlamaForCausalLM(
-            tiny_recurrent_llama_config(**SETTINGS, window_overlap=overlap, attn_implementation=attn_implementation)
+            tiny_recurrent_llama_config(
+                **SETTINGS, **settings, window_overlap=overlap, attn_implementation=attn_implementation
+            )
         )
         text_config = LlamaConfig(**TINY_LLAMA)
     generator = torch.Generator().manual_seed(2)
@@ -41,7 +45,11 @@ def pair(family: str, attn_implementation: str, overlap: int):
         for parameter in today.base_model.recurrence.parameters():
             parameter.normal_(0, 0.5, generator=generator)
     config = RecurrentDecoderConfig(
-        text_config=text_config, **SETTINGS, window_overlap=overlap, attn_implementation=attn_implementation
+        text_config=text_config,
+        **SETTINGS,
+        **settings,
+        window_overlap=overlap,
+        attn_implementation=attn_implementation,
     )
     core = RecurrentDecoderForCausalLM(config)
     weights = {}
@@ -108,3 +116,14 @@ def test_loss_and_gradients_equal_todays_model(family, attn_implementation, over
         torch.testing.assert_close(ours.grad, theirs.grad, **ROUNDING, msg=f"recurrence.{name}")
     embeddings = today.get_input_embeddings().weight.grad
     torch.testing.assert_close(core.get_input_embeddings().weight.grad, embeddings, **ROUNDING)
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("rope_position", [None, 0, -1])
+def test_h_prev_rope_position_equals_todays_llama(rope_position, attn_implementation):
+    today, core = pair("llama", attn_implementation, 3, h_prev_rope_position=rope_position)
+    ids, mask = inputs()
+    real = mask.bool()
+    with torch.no_grad():
+        expected = today(ids, attention_mask=mask).logits
+        torch.testing.assert_close(core(ids, attention_mask=mask).logits[real], expected[real], **ROUNDING)

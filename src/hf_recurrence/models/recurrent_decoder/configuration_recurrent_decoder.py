@@ -83,6 +83,17 @@ def check_backbone(text_config: PreTrainedConfig) -> None:
         )
 
 
+def rotary_refusal_reason(text_config: PreTrainedConfig, layer: int) -> str | None:
+    """Why the attention of decoder layer `layer` of a backbone with `text_config` rotates no keys, or None if it
+    does: the `h_prev` key can only be rotated (`h_prev_rope_position`) where the window's keys are."""
+    if getattr(text_config, "rope_parameters", None) is None:
+        return "it has no rotary position embeddings (its positions are absolute)"
+    no_rope_layers = getattr(text_config, "no_rope_layers", None)  # SmolLM3: 0 marks a layer without RoPE (NoPE)
+    if no_rope_layers is not None and 0 <= layer < len(no_rope_layers) and not no_rope_layers[layer]:
+        return f"its layer {layer} (the insertion layer) uses no rotary position embedding (a NoPE layer)"
+    return None
+
+
 def position_table_size(text_config: PreTrainedConfig) -> int | None:
     """The positions the backbone was trained on (`max_position_embeddings`), which a window must fit."""
     return getattr(text_config, "max_position_embeddings", None)
@@ -127,6 +138,12 @@ class RecurrentDecoderConfig(PreTrainedConfig):
         bptt_windows (`int`, *optional*):
             Truncation of backpropagation through time. `None` backpropagates through every window of an input; `k`
             lets gradient cross window boundaries only inside runs of `k + 1` windows.
+        h_prev_rope_position (`int`, *optional*):
+            RoPE policy of the `h_prev` key, as the recurrent Llama's. `None` (default) leaves it unrotated, so its
+            attention score depends only on the query's content and position. An integer `p <= 0` rotates it, with
+            the backbone's own rotary embedding of the insertion layer, as a token at window position `p` (`-1`: just
+            before the window's first token); at most `max_position_embeddings - window_size` before the window. Only
+            for backbones whose insertion layer is rotary (not GPT-2, not a SmolLM3 NoPE layer).
         normalize_pooled_states (`bool`, *optional*, defaults to `False`):
             Scale every layer's token states to unit RMS before the layer-weighted mean (decoders with attention-sink
             activations otherwise make the plain mean mostly a constant).
@@ -163,6 +180,7 @@ class RecurrentDecoderConfig(PreTrainedConfig):
         "insertion_layer",
         "recurrence_hidden_sizes",
         "bptt_windows",
+        "h_prev_rope_position",
         "normalize_pooled_states",
         "recurrence_input",
     )
@@ -173,6 +191,7 @@ class RecurrentDecoderConfig(PreTrainedConfig):
     insertion_layer: int = 2
     recurrence_hidden_sizes: list[int] | None = None
     bptt_windows: int | None = None
+    h_prev_rope_position: int | None = None
     normalize_pooled_states: bool = False
     recurrence_input: str = "window"
     tie_word_embeddings: bool = True
@@ -269,6 +288,32 @@ class RecurrentDecoderConfig(PreTrainedConfig):
         if self.recurrence_input not in RECURRENCE_INPUTS:
             raise ValueError(
                 f"recurrence_input must be one of {RECURRENCE_INPUTS}, got recurrence_input={self.recurrence_input!r}"
+            )
+        self.check_h_prev_rope_position()
+
+    def check_h_prev_rope_position(self) -> None:
+        """Raise `ValueError` naming the value unless `h_prev_rope_position` is None or a position the backbone's
+        insertion layer can rotate the `h_prev` key to."""
+        position = self.h_prev_rope_position
+        if position is None:
+            return
+        positions = position_table_size(self.text_config)
+        limit = positions - self.window_size if positions is not None else None
+        if not _is_int(position) or position > 0 or (limit is not None and position < -limit):
+            # Offsets from a window's queries (positions 0..window_size-1) back to the h_prev key must be ones a
+            # causal model was trained on: 0..max_position_embeddings-1.
+            allowed = (
+                f"[-{limit}, 0] (max_position_embeddings - window_size = {limit})" if limit is not None else "<= 0"
+            )
+            raise ValueError(
+                f"h_prev_rope_position must be None (unrotated h_prev key) or a window position in {allowed}, got "
+                f"h_prev_rope_position={position!r}"
+            )
+        reason = rotary_refusal_reason(self.text_config, self.insertion_layer)
+        if reason is not None:
+            raise ValueError(
+                f"h_prev_rope_position={position} cannot be used over a {self.text_config.model_type!r} backbone: "
+                f"{reason}, so there is no rotation to give the h_prev key; leave h_prev_rope_position=None"
             )
 
 

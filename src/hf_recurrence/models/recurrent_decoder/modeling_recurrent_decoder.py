@@ -11,6 +11,7 @@ layer, the key/value of `h_prev` (computed by the layer's own attention code) an
 The family's rotary embedding, embedding scaling, norms, biases and head post-processing are therefore its own.
 """
 
+import inspect
 import json
 import os
 import sys
@@ -143,6 +144,7 @@ class _StepContext:
         inserted_mask: torch.Tensor,
         h_prev: torch.Tensor | None,
         h_prev_norm: Callable[[torch.Tensor], torch.Tensor],
+        h_prev_rotation: tuple[torch.Tensor, torch.Tensor] | None,
         output_attentions: bool,
     ):
         self.insertion_layer = insertion_layer
@@ -150,6 +152,8 @@ class _StepContext:
         self.past = past
         self.plain_mask, self.inserted_mask = plain_mask, inserted_mask
         self.h_prev, self.h_prev_norm = h_prev, h_prev_norm
+        # (cos, sin) of the h_prev key, (batch, 1, rotary_dim) each; None: unrotated (`h_prev_rope_position`).
+        self.h_prev_rotation = h_prev_rotation
         self.output_attentions = output_attentions
         # Filled by the layers: their keys/values (cache + step, per kv head) and attention weights.
         self.keys: dict[int, torch.Tensor] = {}
@@ -169,16 +173,21 @@ def _inner_attention(module: nn.Module, eager: bool) -> Callable:
 
 def _h_prev_key_value(module: nn.Module, ctx: _StepContext) -> tuple[torch.Tensor, torch.Tensor]:
     """`h_prev`'s key and value at this attention module, (batch, kv_head, 1, head_dim) each, through the module's
-    own code (biases, fused qkv, per-head or full-width key norms): it runs on the normed `h_prev` as a one-token
-    input with an identity rotation (cos 1, sin 0), and what reaches the attention interface is kept."""
+    own code (biases, fused qkv, per-head or full-width key norms, partial rotary): it runs on the normed `h_prev` as
+    a one-token input with the step's `h_prev` rotation, or an identity one (cos 1, sin 0), and what reaches the
+    attention interface is kept."""
     normed = ctx.h_prev_norm(ctx.h_prev[:, None])  # (batch, 1, hidden)
-    cos = normed.new_ones(normed.shape[0], 1, module.head_dim)
+    if ctx.h_prev_rotation is not None:
+        position_embeddings = ctx.h_prev_rotation
+    else:
+        cos = normed.new_ones(normed.shape[0], 1, module.head_dim)
+        position_embeddings = (cos, torch.zeros_like(cos))
     ctx.probing = True
     try:
         # .forward, not __call__: no output-capture or FSDP hooks fire for the probe.
         module.forward(
             hidden_states=normed,
-            position_embeddings=(cos, torch.zeros_like(cos)),
+            position_embeddings=position_embeddings,
             attention_mask=None,
             recurrence=ctx,
         )
@@ -1169,6 +1178,7 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
             inserted_mask,
             h_prev if use_h_prev else None,
             getattr(layers[insertion_layer], norm) if norm is not None else nn.Identity(),
+            self._h_prev_rotation(h_prev) if use_h_prev else None,
             settings.output_attentions,
         )
         keep = settings.logits_to_keep
@@ -1220,6 +1230,20 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
             head,
             attentions,
         )
+
+    def _h_prev_rotation(self, h_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rotation (cos, sin) of the `h_prev` key, (batch, 1, rotary_dim) each, per `h_prev_rope_position`: the
+        backbone's own rotary embedding of the insertion layer at that window position. None leaves it unrotated."""
+        position = self.config.h_prev_rope_position
+        if position is None:
+            return None
+        rotary = self.backbone.base_model.rotary_emb
+        positions = torch.full((h_prev.shape[0], 1), position, dtype=torch.long, device=h_prev.device)
+        kwargs = {}
+        if "layer_type" in inspect.signature(rotary.forward).parameters:
+            # One rotary module for several layer types, each with its own base (Gemma3: local and global layers).
+            kwargs["layer_type"] = self.config.text_config.layer_types[self.config.insertion_layer]
+        return rotary(h_prev, positions, **kwargs)
 
     def _next_h_prev(self, state: RecurrentDecoderState) -> torch.Tensor:
         """(batch, hidden) the `h_prev` of each row's next window: its current window's summary through the FFN
