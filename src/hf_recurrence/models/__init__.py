@@ -8,7 +8,15 @@ from .inductive_bert import (
     IBertPreTrainedModel,
     InductiveBertConfig,
 )
-from .recurrent_decoder import RecurrentDecoderConfig, RecurrentDecoderForCausalLM, RecurrentDecoderState
+from .recurrent_decoder import (
+    RecurrentDecoderConfig,
+    RecurrentDecoderForCausalLM,
+    RecurrentDecoderForSequenceClassification,
+    RecurrentDecoderForTokenClassification,
+    RecurrentDecoderModel,
+    RecurrentDecoderPreTrainedModel,
+    RecurrentDecoderState,
+)
 from .recurrent_gpt2 import (
     RecurrentGPT2Config,
     RecurrentGPT2ForSequenceClassification,

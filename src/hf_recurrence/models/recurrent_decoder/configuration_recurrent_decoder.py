@@ -15,7 +15,10 @@ logger = logging.get_logger(__name__)
 
 AUTO_MAP = {
     "AutoConfig": "configuration_recurrent_decoder.RecurrentDecoderConfig",
+    "AutoModel": "modeling_recurrent_decoder.RecurrentDecoderModel",
     "AutoModelForCausalLM": "modeling_recurrent_decoder.RecurrentDecoderForCausalLM",
+    "AutoModelForSequenceClassification": "modeling_recurrent_decoder.RecurrentDecoderForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_recurrent_decoder.RecurrentDecoderForTokenClassification",
 }
 
 # The backbones the recurrence is checked on, by model_type, with the attribute of a decoder layer that norms the
@@ -35,6 +38,8 @@ PRE_ATTENTION_NORMS = {
 }
 # The layer types whose attention is softmax attention over keys/values, which an extra h_prev key/value extends.
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
+# The settings of a classification head, read from a stock classifier's config.
+CLASSIFIER_SETTINGS = ("id2label", "label2id", "problem_type")
 # What the recurrence reads: the window's summary (the paper), or zeros (the control: a learned constant h_prev).
 RECURRENCE_INPUTS = ("window", "zeros")
 
@@ -214,7 +219,9 @@ class RecurrentDecoderConfig(PreTrainedConfig):
             logger.info(
                 f"Using the {config_dict.get('model_type')!r} config of {pretrained_model_name_or_path} as backbone"
             )
-            config_dict = {"model_type": cls.model_type, "text_config": config_dict}
+            # The labels of a stock classifier's checkpoint are the head's, so they stay at the top level.
+            labels = {name: config_dict[name] for name in CLASSIFIER_SETTINGS if name in config_dict}
+            config_dict = {"model_type": cls.model_type, "text_config": config_dict, **labels}
         return config_dict, kwargs
 
     @classmethod

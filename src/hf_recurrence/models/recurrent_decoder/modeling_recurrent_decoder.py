@@ -23,12 +23,23 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
-from transformers import AutoModelForCausalLM, GenerationConfig, GenerationMixin, PreTrainedConfig, PreTrainedModel
+from transformers import (
+    AutoModel,
+    AutoModelForCausalLM,
+    GenerationConfig,
+    GenerationMixin,
+    PreTrainedConfig,
+    PreTrainedModel,
+)
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.conversion_mapping import register_checkpoint_conversion_mapping
 from transformers.core_model_loading import WeightRenaming
-from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_layers import (
+    GenericForSequenceClassification,
+    GenericForTokenClassification,
+    GradientCheckpointingLayer,
+)
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 from transformers.utils import ModelOutput, logging
 
@@ -211,8 +222,8 @@ def recurrent_attention(
     ctx = recurrence
     if ctx is None:
         raise RuntimeError(
-            f"{type(module).__name__} ran under the attention implementation of RecurrentDecoderForCausalLM without "
-            "its window step; run the backbone through RecurrentDecoderForCausalLM, or give it "
+            f"{type(module).__name__} ran under the attention implementation of the recurrence core without its "
+            "window step; run the backbone through RecurrentDecoderModel or RecurrentDecoderForCausalLM, or give it "
             "attn_implementation='sdpa' or 'eager' to use it as a stock model"
         )
     if ctx.probing:
@@ -801,28 +812,8 @@ class RecurrentDecoderState:
         )
 
 
-# A dataclass's field names are fixed when the class is made, and transformers 5.24's generate() reads
-# `outputs.cache`: the state's field takes the installed version's name.
-RecurrentDecoderCausalLMOutput = make_dataclass(
-    "RecurrentDecoderCausalLMOutput",
-    [
-        ("loss", torch.FloatTensor | None, field(default=None)),
-        ("logits", torch.FloatTensor | None, field(default=None)),
-        (STATE_NAME, RecurrentDecoderState | None, field(default=None)),
-        ("hidden_states", tuple[torch.FloatTensor, ...] | None, field(default=None)),
-        ("attentions", tuple[torch.FloatTensor, ...] | None, field(default=None)),
-    ],
-    bases=(ModelOutput,),
-    namespace={
-        "__module__": __name__,
-        "__doc__": """
-    Args:
-        loss (`torch.FloatTensor` of shape `()`, *optional*):
-            Causal language-modelling loss over the whole input (each token predicted once), when `labels` is given.
-        logits (`torch.FloatTensor` of shape `(batch_size, kept_positions, vocab_size)`, *optional*):
-            Next-token scores from the backbone's own head. Omitted when `labels` is given, unless
-            `return_logits=True`.
-        past_key_values ([`RecurrentDecoderState`], *optional*):
+# The fields every model of the core returns besides its own, as its output's docstring describes them.
+_SHARED_OUTPUTS_DOC = """        past_key_values ([`RecurrentDecoderState`], *optional*):
             State to continue from, returned when `use_cache=True`; the field is named `cache` from transformers 5.24
             on (`past_key_values` still reads it there).
         hidden_states (`tuple(torch.FloatTensor)`, *optional*):
@@ -832,14 +823,57 @@ RecurrentDecoderCausalLMOutput = make_dataclass(
             Every layer's attention weights, `(batch_size, num_heads, sequence_length, 1 + window_size)` each:
             column 0 is `h_prev` (zero outside the insertion layer and in a row's first window), column `1 + j` is
             position `j` of the query's own window. Rows of padding positions are zero.
-    """,
-    },
+    """
+
+
+def _model_output_class(name: str, doc: str, fields: dict[str, object]) -> type[ModelOutput]:
+    """A ModelOutput dataclass with `fields` (name -> annotation, each defaulting to None), then the state and
+    `hidden_states` / `attentions`. The state's field takes the installed transformers' name: a dataclass's field
+    names are fixed when the class is made, and transformers 5.24's generate() reads `outputs.cache`."""
+    shared = {
+        STATE_NAME: RecurrentDecoderState | None,
+        "hidden_states": tuple[torch.FloatTensor, ...] | None,
+        "attentions": tuple[torch.FloatTensor, ...] | None,
+    }
+    return make_dataclass(
+        name,
+        [(key, kind, field(default=None)) for key, kind in {**fields, **shared}.items()],
+        bases=(ModelOutput,),
+        namespace={"__doc__": doc + _SHARED_OUTPUTS_DOC, "__module__": __name__},
+    )
+
+
+RecurrentDecoderCausalLMOutput = _model_output_class(
+    "RecurrentDecoderCausalLMOutput",
+    """
+    Args:
+        loss (`torch.FloatTensor` of shape `()`, *optional*):
+            Causal language-modelling loss over the whole input (each token predicted once), when `labels` is given.
+        logits (`torch.FloatTensor` of shape `(batch_size, kept_positions, vocab_size)`, *optional*):
+            Next-token scores from the backbone's own head. Omitted when `labels` is given, unless
+            `return_logits=True`.
+""",
+    {"loss": torch.FloatTensor | None, "logits": torch.FloatTensor | None},
+)
+
+
+RecurrentDecoderModelOutput = _model_output_class(
+    "RecurrentDecoderModelOutput",
+    """
+    Args:
+        last_hidden_state (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`):
+            Every input position's output of the last layer, after the backbone's final norm (as the stock base
+            model's), each from the window in which the position is new.
+""",
+    {"last_hidden_state": torch.FloatTensor | None},
 )
 
 
 @dataclass
 class _StepOutput:
-    logits: torch.Tensor | None  # (batch, kept, vocab) the head's scores of the step's kept columns
+    # The causal LM's scores of the step's kept columns, (batch, kept, vocab), or the bare model's final hidden
+    # states of its new columns, (batch, new, hidden); None where a step head consumed it.
+    result: torch.Tensor | None
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     pooled: torch.Tensor  # (batch, hidden) float32 layer-weighted sum over the step's real positions
@@ -849,7 +883,7 @@ class _StepOutput:
 
     def flat(self) -> tuple[torch.Tensor | None, ...]:
         return (
-            self.logits,
+            self.result,
             self.pooled,
             self.head,
             *self.keys,
@@ -860,12 +894,12 @@ class _StepOutput:
 
     @classmethod
     def from_flat(cls, flat: tuple[torch.Tensor | None, ...], num_layers: int, settings: "_StepSettings"):
-        logits, pooled, head = flat[:3]
+        result, pooled, head = flat[:3]
         keys, values = list(flat[3 : 3 + num_layers]), list(flat[3 + num_layers : 3 + 2 * num_layers])
         rest = flat[3 + 2 * num_layers :]
         all_hidden = rest[: num_layers + 1] if settings.output_hidden_states else None
         attentions = rest[-num_layers:] if settings.output_attentions else None
-        return cls(logits, keys, values, pooled, all_hidden, head, attentions)
+        return cls(result, keys, values, pooled, all_hidden, head, attentions)
 
 
 @dataclass(frozen=True)
@@ -877,7 +911,7 @@ class _StepSettings:
     # The step columns whose logits the backbone's head computes: an int keeps the last ones, a 1D tensor those
     # indices (empty: none); None computes no logits.
     logits_to_keep: int | torch.Tensor | None
-    step_head: Callable | None  # run on the step's logits and targets (a window's loss)
+    step_head: Callable | None  # run on the step's result and targets (a window's loss)
     output_hidden_states: bool
     output_attentions: bool
     # Known on the host when the rows are in lockstep (None: read from the step's tensors): whether the rows have
@@ -900,9 +934,10 @@ class _WindowsRun:
     output_hidden_states: bool
     output_attentions: bool
 
-    def logits(self) -> torch.Tensor:
-        """(batch, kept, vocab) the kept positions' logits, in input order."""
-        return torch.cat([s.logits for s in self.steps], dim=1)
+    def results(self) -> torch.Tensor:
+        """The steps' results joined in input order: (batch, kept, vocab) logits of the kept positions (causal LM),
+        or (batch, length, hidden) final hidden states (bare model)."""
+        return torch.cat([s.result for s in self.steps], dim=1)
 
     def head_outputs(self) -> list[torch.Tensor]:
         """What the step head returned, one per step."""
@@ -953,32 +988,28 @@ class _KeptColumns:
         return inside - start + reread
 
 
-class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
-    """A stock transformers decoder (`backbone`) that reads text window by window with the paper's recurrence.
+# What the stock base model is called in a stock checkpoint: `transformer` for GPT-2, `model` for the other families.
+STOCK_BASE_PREFIXES = ("model", "transformer")
 
-    `from_pretrained(<a stock checkpoint of a supported family>, window_size=..., window_overlap=...,
-    insertion_layer=...)` loads every stock weight unchanged; only `recurrence.*` is new. Saved checkpoints keep the
-    stock layout (`model.*`, `lm_head.*`) plus `recurrence.*`.
 
-    Example:
+def _stock_layout_renamings(
+    backbone_path: str, prefixes: tuple[str, ...] = STOCK_BASE_PREFIXES, recurrence_path: str = "recurrence"
+) -> list[WeightRenaming]:
+    """Renamings from the stock layout on disk (the base model under one of `prefixes`, plus `recurrence.*`) to a model
+    whose stock base model sits at `backbone_path` and recurrence at `recurrence_path`; transformers reverses them on
+    save, so checkpoints keep the stock layout. A key already naming the recurrence under a prefix is left alone."""
+    renamings = [
+        WeightRenaming(source_patterns=rf"^{prefix}\.(?!recurrence\.)", target_patterns=f"{backbone_path}.")
+        for prefix in prefixes
+    ]
+    if recurrence_path != "recurrence":
+        renamings.append(WeightRenaming(source_patterns=r"^recurrence\.", target_patterns=f"{recurrence_path}."))
+    return renamings
 
-    ```python
-    >>> import torch
-    >>> from transformers import LlamaConfig
-    >>> from hf_recurrence import RecurrentDecoderConfig, RecurrentDecoderForCausalLM
 
-    >>> backbone = LlamaConfig(
-    ...     vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-    ...     num_key_value_heads=2, max_position_embeddings=32,
-    ... )
-    >>> config = RecurrentDecoderConfig(text_config=backbone, window_size=16, insertion_layer=1)
-    >>> model = RecurrentDecoderForCausalLM(config)
-    >>> ids = torch.randint(0, 100, (2, 100))  # 7 windows, far past max_position_embeddings
-    >>> model(ids, labels=ids).loss.shape
-    torch.Size([])
-
-    ```
-    """
+class RecurrentDecoderPreTrainedModel(PreTrainedModel):
+    """What every model of the recurrence core shares: its config, the attention implementations the recurrence runs
+    on, weight initialisation, gradient checkpointing of whole window steps, and its states."""
 
     config_class = RecurrentDecoderConfig
     base_model_prefix = "backbone"
@@ -988,12 +1019,88 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
     # Buffers that old GPT-2 checkpoints still carry.
     _keys_to_ignore_on_load_unexpected = [r"\.attn\.masked_bias$", r"\.attn\.bias$"]
 
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # generate() must not hand us a DynamicCache: the model creates and returns its own RecurrentDecoderState.
+        return False
+
+    def _check_and_adjust_attn_implementation(
+        self, attn_implementation: str | None, is_init_check: bool = False, allow_all_kernels: bool = False
+    ) -> str | None:
+        # Only attention that takes an arbitrary per-row mask over extra keys can carry h_prev and the window cache.
+        if attn_implementation is None:
+            return None
+        name = attn_implementation.removeprefix(RECURRENT_PREFIX)
+        self._check_inner_attention(name)
+        return super()._check_and_adjust_attn_implementation(name, is_init_check, allow_all_kernels)
+
+    def _check_inner_attention(self, name: str) -> None:
+        """Raise `ValueError` unless the recurrence can run on the attention implementation `name`."""
+        if name not in INNER_ATTENTIONS:
+            raise ValueError(
+                f"attn_implementation={name!r} cannot carry the recurrence of {type(self).__name__} over a "
+                f"{self.config.text_config.model_type!r} backbone: h_prev and the window cache need a custom per-row "
+                f"attention mask, which flash, flex and kernel attention do not take; use one of {list(INNER_ATTENTIONS)}"
+            )
+
+    def _set_gradient_checkpointing(self, *args, **kwargs) -> None:
+        super()._set_gradient_checkpointing(*args, **kwargs)
+        # Whole window steps are recomputed (`RecurrentDecoderWindowStep`); the stock layers inside need not be.
+        for module in self.modules():
+            if hasattr(module, "gradient_checkpointing") and not isinstance(module, RecurrentDecoderWindowStep):
+                module.gradient_checkpointing = False
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, RecurrentDecoderRecurrence):
+            # Equal layer weights to start with: the summary is the plain mean over layers.
+            init.zeros_(module.layer_weight_logits)
+
+    def _keep_stock_layout(self, base_model: PreTrainedModel, backbone_path: str, recurrence_path: str) -> None:
+        """Save in the stock layout of `base_model`'s family. transformers reverses the class's renamings on save,
+        but two stock prefixes (`model`, `transformer`) map to the same name here, so the reverse would be ambiguous:
+        the model records the renaming of its own backbone (from_pretrained replaces it with those the checkpoint
+        used)."""
+        self._weight_conversions = _stock_layout_renamings(
+            backbone_path, (base_model.base_model_prefix,), recurrence_path
+        )
+
+    def new_state(
+        self, batch_size: int, window_size: int | None = None, window_overlap: int | None = None
+    ) -> RecurrentDecoderState:
+        """A fresh state for `batch_size` rows on the model's device and dtype, to pass as `past_key_values`; its
+        window schedule defaults to the config's."""
+        weight = self.get_input_embeddings().weight
+        return RecurrentDecoderState(
+            self.config,
+            batch_size,
+            weight.device,
+            weight.dtype,
+            window_size=window_size,
+            window_overlap=window_overlap,
+        )
+
+    def load_state(self, path: str | os.PathLike) -> RecurrentDecoderState:
+        """A state written by `RecurrentDecoderState.save`, read onto the model's device (see
+        `RecurrentDecoderState.load` for what is checked)."""
+        return RecurrentDecoderState.load(path, self.config, self.device)
+
+
+class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
+    """The window loop over a stock backbone (`self.backbone`, which transformers builds from `config.text_config`
+    with `backbone_auto_class`), shared by [`RecurrentDecoderModel`] (over the stock base model) and
+    [`RecurrentDecoderForCausalLM`] (over the stock causal LM). They differ only in what the backbone returns for a
+    window step (`_run_backbone`)."""
+
+    backbone_auto_class: type
+
     def __init__(self, config: RecurrentDecoderConfig):
         super().__init__(config)
         check_backbone(config.text_config)
         config.check_recurrence_settings()
         # transformers' own class for the backbone; it shares `config.text_config`.
-        self.backbone = AutoModelForCausalLM.from_config(config.text_config)
+        self.backbone = self.backbone_auto_class.from_config(config.text_config)
         self._check_backbone_model()
         self.recurrence = RecurrentDecoderRecurrence(config)
         self.window_step = RecurrentDecoderWindowStep()
@@ -1001,8 +1108,6 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
         inner = self.config._attn_implementation or self.backbone.config._attn_implementation
         self.config._attn_implementation_internal = inner.removeprefix(RECURRENT_PREFIX)
         self._bind_attention()
-        # transformers picks the loss from the class-name suffix; set it so no lookup warns.
-        self.loss_type = "ForCausalLM"
         self.post_init()
 
     def _check_backbone_model(self) -> None:
@@ -1033,30 +1138,6 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
                     f"does not have the expected layout: {'; '.join(problems)}"
                 )
 
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        # generate() must not hand us a DynamicCache: the model creates and returns its own RecurrentDecoderState.
-        return False
-
-    def _check_and_adjust_attn_implementation(
-        self, attn_implementation: str | None, is_init_check: bool = False, allow_all_kernels: bool = False
-    ) -> str | None:
-        # Only attention that takes an arbitrary per-row mask over extra keys can carry h_prev and the window cache.
-        if attn_implementation is None:
-            return None
-        name = attn_implementation.removeprefix(RECURRENT_PREFIX)
-        self._check_inner_attention(name)
-        return super()._check_and_adjust_attn_implementation(name, is_init_check, allow_all_kernels)
-
-    def _check_inner_attention(self, name: str) -> None:
-        """Raise `ValueError` unless the recurrence can run on the attention implementation `name`."""
-        if name not in INNER_ATTENTIONS:
-            raise ValueError(
-                f"attn_implementation={name!r} cannot carry the recurrence of {type(self).__name__} over a "
-                f"{self.config.text_config.model_type!r} backbone: h_prev and the window cache need a custom per-row "
-                f"attention mask, which flash, flex and kernel attention do not take; use one of {list(INNER_ATTENTIONS)}"
-            )
-
     def set_attn_implementation(self, attn_implementation: str | dict, allow_all_kernels: bool = False) -> None:
         # transformers would also give the backbone the plain name: a stock model without the recurrence.
         super().set_attn_implementation(attn_implementation, allow_all_kernels)
@@ -1077,70 +1158,11 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
             self.backbone.get_correct_attn_implementation(inner)
             backbone_config._attn_implementation_internal = wanted
 
-    def _set_gradient_checkpointing(self, *args, **kwargs) -> None:
-        super()._set_gradient_checkpointing(*args, **kwargs)
-        # Whole window steps are recomputed (`RecurrentDecoderWindowStep`); the stock layers inside need not be.
-        for module in self.backbone.modules():
-            if hasattr(module, "gradient_checkpointing"):
-                module.gradient_checkpointing = False
-
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        super()._init_weights(module)
-        if isinstance(module, RecurrentDecoderRecurrence):
-            # Equal layer weights to start with: the summary is the plain mean over layers.
-            init.zeros_(module.layer_weight_logits)
-
     def get_input_embeddings(self) -> nn.Module:
         return self.backbone.get_input_embeddings()
 
     def set_input_embeddings(self, new_embeddings: nn.Module) -> None:
         self.backbone.set_input_embeddings(new_embeddings)
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.backbone.get_output_embeddings()
-
-    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
-        self.backbone.set_output_embeddings(new_embeddings)
-
-    def new_state(
-        self, batch_size: int, window_size: int | None = None, window_overlap: int | None = None
-    ) -> RecurrentDecoderState:
-        """A fresh state for `batch_size` rows on the model's device and dtype, to pass as `past_key_values`; its
-        window schedule defaults to the config's."""
-        weight = self.get_input_embeddings().weight
-        return RecurrentDecoderState(
-            self.config,
-            batch_size,
-            weight.device,
-            weight.dtype,
-            window_size=window_size,
-            window_overlap=window_overlap,
-        )
-
-    def load_state(self, path: str | os.PathLike) -> RecurrentDecoderState:
-        """A state written by `RecurrentDecoderState.save`, read onto the model's device (see
-        `RecurrentDecoderState.load` for what is checked)."""
-        return RecurrentDecoderState.load(path, self.config, self.device)
-
-    def _prepare_cache_for_generation(self, generation_config: GenerationConfig, model_kwargs: dict, *args, **kwargs):
-        # generate() would only warn that a cache_implementation "will be ignored" and run anyway.
-        if generation_config.cache_implementation is not None:
-            raise ValueError(
-                f"cache_implementation={generation_config.cache_implementation!r} cannot be honoured by "
-                f"{type(self).__name__}: the model carries its own recurrent state of bounded size (returned as "
-                f"{STATE_NAME}) instead of a transformers Cache, so there is no cache to choose. Remove "
-                "cache_implementation from the generate() call or from the generation config (generation_config.json)"
-            )
-        return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
-
-    def init_continuous_batching(self, *args, **kwargs):
-        # generate(cache_implementation="paged") and generate_batch() come here, past _prepare_cache_for_generation.
-        raise ValueError(
-            f"Continuous batching (cache_implementation='paged', generate_batch()) cannot be used with "
-            f"{type(self).__name__}: it needs a paged key/value cache, and the model carries its own recurrent state "
-            "instead. Call generate() without cache_implementation; batched prompts may be left-padded"
-        )
 
     def _step(
         self,
@@ -1181,13 +1203,12 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
             self._h_prev_rotation(h_prev) if use_h_prev else None,
             settings.output_attentions,
         )
-        keep = settings.logits_to_keep
-        out = self.backbone(
+        result, hidden_states = self._run_backbone(
+            settings,
             inputs_embeds=embeds,
             position_ids=positions,
             use_cache=False,
             output_hidden_states=True,
-            logits_to_keep=keep if keep is not None else torch.zeros(0, dtype=torch.long),
             recurrence=ctx,
             return_dict=True,
         )
@@ -1204,7 +1225,7 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
         real_weights = self.recurrence.layer_weights()[:, None, None, None] * real.float()[None, :, None, :]
         pooled = torch.zeros(embeds.shape[0], 1, embeds.shape[2], device=embeds.device)
         eps = getattr(self.config.text_config, "rms_norm_eps", None) or 1e-6
-        for i, layer_states in enumerate(out.hidden_states[1:]):  # layer outputs, the last after the final norm
+        for i, layer_states in enumerate(hidden_states[1:]):  # layer outputs, the last after the final norm
             states = layer_states.float()
             if self.config.normalize_pooled_states:
                 states = states * torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + eps)
@@ -1218,11 +1239,10 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
                 )
                 for weights, inserting in (ctx.weights[i] for i in range(num_layers))
             )
-        all_hidden = tuple(h[:, -num_new:] for h in out.hidden_states) if settings.output_hidden_states else None
-        logits = out.logits if keep is not None else None
-        head = settings.step_head(logits, targets) if settings.step_head is not None else None
+        all_hidden = tuple(h[:, -num_new:] for h in hidden_states) if settings.output_hidden_states else None
+        head = settings.step_head(result, targets) if settings.step_head is not None else None
         return _StepOutput(
-            None if settings.step_head is not None else logits,
+            None if settings.step_head is not None else result,
             [ctx.keys[i] for i in range(num_layers)],
             [ctx.values[i] for i in range(num_layers)],
             pooled[:, 0],
@@ -1230,6 +1250,11 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
             head,
             attentions,
         )
+
+    def _run_backbone(self, settings: _StepSettings, **inputs) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...]]:
+        """Run the backbone over one window step (`inputs`: its forward's keyword arguments); return the step's result
+        (see `_StepOutput.result`) and every hidden state, (batch, cols, hidden) each."""
+        raise NotImplementedError
 
     def _h_prev_rotation(self, h_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The rotation (cos, sin) of the `h_prev` key, (batch, 1, rotary_dim) each, per `h_prev_rope_position`: the
@@ -1375,6 +1400,81 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
         document_starts = _document_starts(kwargs.get("position_ids"), real, continuing)
         return inputs_embeds, real, document_starts, state
 
+    def _output_flags(self, output_hidden_states: bool | None, output_attentions: bool | None) -> tuple[bool, bool]:
+        """The call's values, else the config's."""
+        return (
+            bool(output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states),
+            bool(output_attentions if output_attentions is not None else self.config.output_attentions),
+        )
+
+
+class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
+    """A stock transformers decoder (`backbone`) that reads text window by window with the paper's recurrence.
+
+    `from_pretrained(<a stock checkpoint of a supported family>, window_size=..., window_overlap=...,
+    insertion_layer=...)` loads every stock weight unchanged; only `recurrence.*` is new. Saved checkpoints keep the
+    stock layout (`model.*`, `lm_head.*`) plus `recurrence.*`.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from transformers import LlamaConfig
+    >>> from hf_recurrence import RecurrentDecoderConfig, RecurrentDecoderForCausalLM
+
+    >>> backbone = LlamaConfig(
+    ...     vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    ...     num_key_value_heads=2, max_position_embeddings=32,
+    ... )
+    >>> config = RecurrentDecoderConfig(text_config=backbone, window_size=16, insertion_layer=1)
+    >>> model = RecurrentDecoderForCausalLM(config)
+    >>> ids = torch.randint(0, 100, (2, 100))  # 7 windows, far past max_position_embeddings
+    >>> model(ids, labels=ids).loss.shape
+    torch.Size([])
+
+    ```
+    """
+
+    backbone_auto_class = AutoModelForCausalLM
+
+    def __init__(self, config: RecurrentDecoderConfig):
+        super().__init__(config)
+        # transformers picks the loss from the class-name suffix; set it so no lookup warns.
+        self.loss_type = "ForCausalLM"
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.backbone.get_output_embeddings()
+
+    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
+        self.backbone.set_output_embeddings(new_embeddings)
+
+    def _prepare_cache_for_generation(self, generation_config: GenerationConfig, model_kwargs: dict, *args, **kwargs):
+        # generate() would only warn that a cache_implementation "will be ignored" and run anyway.
+        if generation_config.cache_implementation is not None:
+            raise ValueError(
+                f"cache_implementation={generation_config.cache_implementation!r} cannot be honoured by "
+                f"{type(self).__name__}: the model carries its own recurrent state of bounded size (returned as "
+                f"{STATE_NAME}) instead of a transformers Cache, so there is no cache to choose. Remove "
+                "cache_implementation from the generate() call or from the generation config (generation_config.json)"
+            )
+        return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+
+    def init_continuous_batching(self, *args, **kwargs):
+        # generate(cache_implementation="paged") and generate_batch() come here, past _prepare_cache_for_generation.
+        raise ValueError(
+            f"Continuous batching (cache_implementation='paged', generate_batch()) cannot be used with "
+            f"{type(self).__name__}: it needs a paged key/value cache, and the model carries its own recurrent state "
+            "instead. Call generate() without cache_implementation; batched prompts may be left-padded"
+        )
+
+    def _run_backbone(self, settings: _StepSettings, **inputs) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...]]:
+        """The stock causal LM's logits of the step's kept columns, from its own head (Gemma2's final soft-cap
+        included), (batch, kept, vocab), or None when none are asked for; and every hidden state."""
+        keep = settings.logits_to_keep
+        # An empty tensor of positions keeps none (0 would keep all), so the head computes nothing.
+        out = self.backbone(**inputs, logits_to_keep=keep if keep is not None else torch.zeros(0, dtype=torch.long))
+        return (out.logits if keep is not None else None), out.hidden_states
+
     def _targets(
         self,
         labels: torch.Tensor | None,
@@ -1483,10 +1583,7 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
         kept = None
         if keep_logits or loss_per_window:
             kept = _KeptColumns(logits_to_keep if keep_logits else 0, embeds.shape[1], embeds.device)
-        output_hidden_states = bool(
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        )
-        output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
+        output_hidden_states, output_attentions = self._output_flags(output_hidden_states, output_attentions)
         steps = self._forward_windows(
             embeds,
             real,
@@ -1503,7 +1600,7 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
         if loss_per_window:
             loss = torch.stack(run.head_outputs()).sum()
         elif keep_logits:
-            logits = run.logits()
+            logits = run.results()
             if kept.order is not None:
                 logits = logits[:, kept.order]
             loss = self._loss(logits, shift_labels, num_items) if shift_labels is not None else None
@@ -1511,8 +1608,123 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
         return output if return_dict is not False else output.to_tuple()
 
 
+class RecurrentDecoderModel(RecurrentDecoderWindowModel):
+    """The stock base model of a supported decoder family (`backbone`, e.g. `LlamaModel`) that reads text window by
+    window with the paper's recurrence; returns every position's final hidden state (after the final norm), the state
+    to continue from, and on request every layer's hidden states and attention weights.
+
+    `from_pretrained(<a stock checkpoint>)` loads its `model.*` (GPT-2: `transformer.*`) weights into the backbone;
+    only `recurrence.*` is new. Saved checkpoints keep that layout, so this model and [`RecurrentDecoderForCausalLM`]
+    load each other's checkpoints.
+    """
+
+    backbone_auto_class = AutoModel
+
+    def __init__(self, config: RecurrentDecoderConfig):
+        super().__init__(config)
+        self._keep_stock_layout(self.backbone, "backbone", "recurrence")
+
+    def _run_backbone(self, settings: _StepSettings, **inputs) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...]]:
+        """The stock base model's final hidden states of the step's new columns, (batch, new, hidden), and every
+        hidden state."""
+        out = self.backbone(**inputs)
+        return out.last_hidden_state[:, -settings.num_new :], out.hidden_states
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: RecurrentDecoderState | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        cache: RecurrentDecoderState | None = None,
+        **kwargs,
+    ) -> RecurrentDecoderModelOutput:
+        r"""
+        The arguments of [`RecurrentDecoderForCausalLM.forward`] without the language-modelling ones (`labels`,
+        `shift_labels`, `num_items_in_batch`, `return_logits`, `logits_to_keep`). The state (`past_key_values`, or
+        `cache` from transformers 5.24 on) may come from either model with the same weights: the input continues its
+        text exactly.
+        """
+        embeds, real, document_starts, state = self._prepare(
+            input_ids, attention_mask, _given_state(past_key_values, cache), inputs_embeds, kwargs
+        )
+        output_hidden_states, output_attentions = self._output_flags(output_hidden_states, output_attentions)
+        steps = self._forward_windows(
+            embeds, real, document_starts, state, None, None, None, output_hidden_states, output_attentions
+        )
+        run = _WindowsRun(state, steps, output_hidden_states, output_attentions)
+        output = RecurrentDecoderModelOutput(last_hidden_state=run.results(), **run.outputs(use_cache))
+        return output if return_dict is not False else output.to_tuple()
+
+
+class RecurrentDecoderForSequenceClassification(GenericForSequenceClassification, RecurrentDecoderPreTrainedModel):
+    """[`RecurrentDecoderModel`] with a linear classifier on the last non-padding token (transformers' generic
+    sequence-classification head, as the stock Llama's, Qwen's, GPT-2's), so a document of any length is classified
+    after reading all of it window by window. A stock `XForSequenceClassification` checkpoint loads unchanged, only
+    `recurrence.*` new.
+
+    A long document may also be read in pieces: pass each call's state (`past_key_values`, `cache` from transformers
+    5.24 on) to the next and take the logits of the last call. As with the stock heads, a batch of more than one row
+    needs the backbone's `pad_token_id` (padding is found by it, on either side).
+    """
+
+    base_model_prefix = "model"
+
+    def __init__(self, config: RecurrentDecoderConfig):
+        # The generic head builds its base model with AutoModel, which remote code cannot resolve: build ours here.
+        RecurrentDecoderPreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = RecurrentDecoderModel(config)
+        self.score = nn.Linear(config.text_config.hidden_size, config.num_labels, bias=False)
+        self._keep_stock_layout(self.model.backbone, "model.backbone", "model.recurrence")
+        self.post_init()
+
+
+class RecurrentDecoderForTokenClassification(GenericForTokenClassification, RecurrentDecoderPreTrainedModel):
+    """[`RecurrentDecoderModel`] with a linear classifier on every token's final hidden state (transformers' generic
+    token-classification head, as the stock Llama's and Qwen's, whose checkpoints load unchanged), for inputs of any
+    length."""
+
+    base_model_prefix = "model"
+
+    def __init__(self, config: RecurrentDecoderConfig):
+        RecurrentDecoderPreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = RecurrentDecoderModel(config)
+        text = config.text_config
+        # As the generic head reads its dropout and bias, from the backbone's config here.
+        dropout = next(
+            (
+                p
+                for p in (getattr(text, "classifier_dropout", None), getattr(text, "hidden_dropout", None))
+                if p is not None
+            ),
+            0.1,
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.score = nn.Linear(
+            text.hidden_size, config.num_labels, bias=getattr(text, "token_classification_bias", True)
+        )
+        self._keep_stock_layout(self.model.backbone, "model.backbone", "model.recurrence")
+        self.post_init()
+
+
 # Checkpoints keep the stock layout: the backbone's `model.*` / `transformer.*` / `lm_head.*` on disk, under
-# `backbone.` in memory (reversed on save), so a stock checkpoint loads directly.
+# `backbone.` (`model.backbone.` in the classification heads) in memory, reversed on save, so a stock checkpoint
+# loads directly.
+register_checkpoint_conversion_mapping(
+    RecurrentDecoderModel.__name__, _stock_layout_renamings("backbone"), overwrite=True
+)
+for _head in (RecurrentDecoderForSequenceClassification, RecurrentDecoderForTokenClassification):
+    register_checkpoint_conversion_mapping(
+        _head.__name__,
+        _stock_layout_renamings("model.backbone", recurrence_path="model.recurrence"),
+        overwrite=True,
+    )
 register_checkpoint_conversion_mapping(
     RecurrentDecoderForCausalLM.__name__,
     [
@@ -1523,4 +1735,11 @@ register_checkpoint_conversion_mapping(
 )
 
 
-__all__ = ["RecurrentDecoderForCausalLM", "RecurrentDecoderState"]
+__all__ = [
+    "RecurrentDecoderForCausalLM",
+    "RecurrentDecoderForSequenceClassification",
+    "RecurrentDecoderForTokenClassification",
+    "RecurrentDecoderModel",
+    "RecurrentDecoderPreTrainedModel",
+    "RecurrentDecoderState",
+]
