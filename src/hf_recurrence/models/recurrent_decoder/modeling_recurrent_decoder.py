@@ -15,12 +15,13 @@ import inspect
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 from transformers import (
@@ -291,17 +292,31 @@ _STATE_HEADER_KEY = "hf_recurrence_state"
 def _write_state_file(
     path: str | os.PathLike, tensors: dict[str, torch.Tensor], header: dict, overwrite: bool
 ) -> None:
-    """Write `tensors` and the JSON `header` to a safetensors file, through a temporary file so that a failed write
-    never leaves half a state behind; an existing file is replaced only with `overwrite=True`."""
+    """Write `tensors` and the JSON `header` to a safetensors file, readable by its owner only (it holds what the
+    model read). The file is written under a temporary name beside `path` and put in place in one step, so a failed
+    write never leaves half a state or a temporary file behind. Without `overwrite` the final name is created
+    exclusively (a hard link fails if the name exists), so of two writers of one path only one succeeds."""
     path = Path(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
     header = {**header, "format_version": STATE_FILE_FORMAT_VERSION}
     # safetensors refuses tensors that share memory (a fresh state repeats one empty cache tensor per layer).
     owned = {name: t.detach().contiguous().clone() for name, t in tensors.items()}
-    partial = path.with_name(path.name + ".partial")
-    save_file(owned, str(partial), metadata={_STATE_HEADER_KEY: json.dumps(header, sort_keys=True)})
-    partial.replace(path)
+    descriptor, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    os.close(descriptor)
+    try:
+        save_file(owned, partial, metadata={_STATE_HEADER_KEY: json.dumps(header, sort_keys=True)})
+        if overwrite:
+            os.replace(partial, path)
+        else:
+            try:
+                os.link(partial, path)
+            except FileExistsError:
+                raise FileExistsError(
+                    f"{path} was created by another writer meanwhile; pass overwrite=True to replace it"
+                ) from None
+    finally:
+        Path(partial).unlink(missing_ok=True)
 
 
 def _read_state_file(
@@ -311,14 +326,23 @@ def _read_state_file(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No state file at {path}")
-    with safe_open(str(path), framework="pt", device="cpu" if device is None else str(device)) as file:
-        raw = (file.metadata() or {}).get(_STATE_HEADER_KEY)
-        if raw is None:
-            raise ValueError(
-                f"{path} is not a saved recurrent state: its safetensors header has no {_STATE_HEADER_KEY!r}"
-            )
+    try:
+        with safe_open(str(path), framework="pt", device="cpu" if device is None else str(device)) as file:
+            raw = (file.metadata() or {}).get(_STATE_HEADER_KEY)
+            if raw is None:
+                # Refused before reading any tensor: a weights file may be large.
+                raise ValueError(
+                    f"{path} is not a saved recurrent state: its safetensors header has no {_STATE_HEADER_KEY!r}"
+                )
+            tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 (no __iter__)
+    except SafetensorError as error:
+        raise ValueError(f"{path} is not a safetensors file: {error}") from None
+    try:
         header = json.loads(raw)
-        tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    except (ValueError, RecursionError) as error:
+        raise ValueError(f"{path} has a malformed state header ({_STATE_HEADER_KEY!r}): {error}") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path} has a malformed state header: a JSON {type(header).__name__}, not an object")
     if header.get("family") != family:
         raise ValueError(
             f"{path} holds a state of the {header.get('family')!r} family; this model family is {family!r}"
@@ -331,15 +355,39 @@ def _read_state_file(
     return tensors, header
 
 
-def _check_state_model_shape(saved: dict, expected: dict, source: object) -> None:
-    """Refuse a state saved by a model of another shape (backbone, layers, heads, sizes), naming every difference."""
+def _header_int(header: dict, name: str, source: object, minimum: int = 0) -> int:
+    """The whole number `header[name]`, refused unless it is one (not a bool, float or string) and >= `minimum`."""
+    value = header.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(
+            f"{source} has a malformed {name!r} in its header: {value!r}, expected an integer >= {minimum}"
+        )
+    return value
+
+
+def _check_finite(tensors: dict[str, torch.Tensor], source: object) -> None:
+    """Refuse NaN or infinite values, which no run of the model leaves in a state and which would reach the logits."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{source} has non-finite values (NaN or inf) in {name!r}")
+
+
+def _check_state_model_shape(found: dict, expected: dict, source: object) -> None:
+    """Refuse a state of another model shape (backbone, layers, heads, sizes), batch size or dtype than `expected`,
+    naming every difference in one error."""
+    found = found if isinstance(found, dict) else {}
     differences = [
-        f"{key}={saved.get(key)!r} (this model: {value!r})"
+        f"{key}={found.get(key)!r} ({'the input' if key == 'batch_size' else 'this model'}: {value!r})"
         for key, value in expected.items()
-        if saved.get(key) != value
+        if found.get(key) != value
     ]
     if differences:
-        raise ValueError(f"{source} was saved by a model of another shape: " + ", ".join(differences))
+        cast = "dtype" in expected and found.get("dtype") != expected["dtype"]
+        raise ValueError(
+            f"{source} does not fit this model: "
+            + ", ".join(differences)
+            + ("; cast the state with state.to(dtype=...) or load the model in the state's dtype" if cast else "")
+        )
 
 
 def _document_starts(position_ids: torch.Tensor | None, real: torch.Tensor, continuing: bool) -> torch.Tensor | None:
@@ -445,6 +493,10 @@ class RecurrentDecoderState:
     next one, with its `h_prev`), `with_overlap` (the columns re-read), then `append_step` (record the step); and
     `begin_documents` where a packed document starts. Rows advance independently, so a left-padded batch gives every
     row what it gets alone. Tensors keep their autograd history; `detach()` between calls truncates it.
+
+    A state holds what the model read: treat it (and a file written by `save()`, readable by its owner only) as you
+    would the text itself. A state is not thread-safe: every call updates it in place, so two threads must not run
+    the model on one state at once (give each thread its own state).
     """
 
     # generate() asks every cache whether it can be compiled.
@@ -502,6 +554,11 @@ class RecurrentDecoderState:
     @property
     def batch_size(self) -> int:
         return self.fill.shape[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the model this state runs with (its float tensors but the float32 pooled sum)."""
+        return self.h_prev.dtype
 
     @property
     def window_size(self) -> int:
@@ -574,15 +631,26 @@ class RecurrentDecoderState:
         with the weights that produced it; that is not checked.
         """
         tensors, header = _read_state_file(path, cls._family, device)
-        _check_state_model_shape(header.get("model_shape", {}), cls._config_model_shape(config), path)
+        _check_state_model_shape(header.get("model_shape"), cls._config_model_shape(config), path)
         return cls._from_file_contents(config, tensors, header, path)
 
     @classmethod
-    def adopt(cls, state: object, config: RecurrentDecoderConfig) -> "RecurrentDecoderState":
-        """`state` as an instance of this class: itself, or a state of the same family built by another copy of this
-        class (the installed package's vs the one loaded as Hub remote code), rebuilt from its tensors (not copied)."""
-        if isinstance(state, cls):
-            return state
+    def adopt(
+        cls, state: object, config: RecurrentDecoderConfig, batch_size: int, dtype: torch.dtype
+    ) -> "RecurrentDecoderState":
+        """`state` as an instance of this class, checked to fit a model with `config` reading `batch_size` rows in
+        `dtype` (every difference in one error): itself, or a state of the same family built by another copy of this
+        class (the installed package's vs the one loaded as Hub remote code), rebuilt from its tensors (not copied)
+        and checked as a file is."""
+        if not isinstance(state, cls):
+            state = cls._adopt_other_copy(state, config)
+        found = {**state._model_shape(), "batch_size": state.batch_size, "dtype": state.dtype}
+        expected = {**cls._config_model_shape(config), "batch_size": batch_size, "dtype": dtype}
+        _check_state_model_shape(found, expected, STATE_NAME)
+        return state
+
+    @classmethod
+    def _adopt_other_copy(cls, state: object, config: RecurrentDecoderConfig) -> "RecurrentDecoderState":
         if type(state).__name__ != cls.__name__ or getattr(state, "_family", None) != cls._family:
             # PEFT prefix tuning is the usual source of a transformers Cache here: it pre-fills one with its
             # virtual tokens, which a state bounded by one window has no place for.
@@ -594,7 +662,7 @@ class RecurrentDecoderState:
             )
         tensors, header = state._file_contents()
         source = f"the {type(state).__module__} state"
-        _check_state_model_shape(header.get("model_shape", {}), cls._config_model_shape(config), source)
+        _check_state_model_shape(header.get("model_shape"), cls._config_model_shape(config), source)
         return cls._from_file_contents(config, tensors, header, source)
 
     def next_step(self, real: torch.Tensor) -> tuple[torch.Tensor | None, int, int]:
@@ -736,47 +804,53 @@ class RecurrentDecoderState:
         tensors = {name: getattr(self, name) for name in self._BATCH_TENSORS}
         for i, (key, value) in enumerate(zip(self.keys, self.values, strict=True)):
             tensors[f"keys.{i}"], tensors[f"values.{i}"] = key, value
-        key = self.keys[0]  # (batch, kv_heads, slots, head_dim)
         header = {
             "family": self._family,
             "window_size": self.window_size,
             "window_overlap": self.window_overlap,
             "seen_tokens": self.seen_tokens,
             "lockstep": self._lockstep,
-            "model_shape": {
-                "backbone": self._backbone,
-                "layers": len(self.keys),
-                "key_value_heads": key.shape[1],
-                "head_dim": key.shape[3],
-                "hidden_size": self.h_prev.shape[1],
-            },
+            "model_shape": self._model_shape(),
         }
         return tensors, header
+
+    def _model_shape(self) -> dict:
+        """The backbone and sizes of the model this state's tensors come from, as `_config_model_shape` gives them."""
+        key = self.keys[0]  # (batch, kv_heads, slots, head_dim)
+        return {
+            "backbone": self._backbone,
+            "layers": len(self.keys),
+            "key_value_heads": key.shape[1],
+            "head_dim": key.shape[3],
+            "hidden_size": self.h_prev.shape[1],
+        }
 
     @classmethod
     def _from_file_contents(
         cls, config: RecurrentDecoderConfig, tensors: dict[str, torch.Tensor], header: dict, source: object
     ) -> "RecurrentDecoderState":
         """The state that `_file_contents` described, checked tensor by tensor against a fresh one's shapes."""
+        window_size = _header_int(header, "window_size", source, minimum=1)
+        window_overlap = _header_int(header, "window_overlap", source)
+        seen_tokens = _header_int(header, "seen_tokens", source)
         try:
-            window_size, window_overlap = header["window_size"], header["window_overlap"]
             batch = tensors["fill"].shape[0]
             layers = config.text_config.num_hidden_layers
             keys = [tensors[f"keys.{i}"] for i in range(layers)]
             values = [tensors[f"values.{i}"] for i in range(layers)]
         except KeyError as error:
             raise ValueError(f"{source} is not a complete recurrent state: it lacks {error}") from None
-        state = cls(
-            config,
-            batch,
-            tensors["fill"].device,
-            keys[0].dtype,
-            window_size=window_size,
-            window_overlap=window_overlap,
-        )
+        fill = tensors["fill"]
+        try:
+            state = cls(
+                config, batch, fill.device, keys[0].dtype, window_size=window_size, window_overlap=window_overlap
+            )
+        except ValueError as error:
+            raise ValueError(f"{source} cannot run with this model: {error}") from None
         slots = tensors["slot_valid"].shape[1] if "slot_valid" in tensors else 0
         for name in cls._BATCH_TENSORS:
-            fresh, given = getattr(state, name), tensors.get(name)
+            fresh = getattr(state, name)
+            given = tensors.get(name)
             expected = (batch, slots) if name == "slot_valid" else fresh.shape
             if given is None or given.shape != expected or given.dtype != fresh.dtype:
                 raise ValueError(
@@ -786,22 +860,57 @@ class RecurrentDecoderState:
             setattr(state, name, given)
         expected_cache = (batch, state.keys[0].shape[1], slots, state.keys[0].shape[3])
         for name, cache in (("keys", keys), ("values", values)):
-            if any(t.shape != expected_cache for t in cache):
+            if any(t.shape != expected_cache or t.dtype != state.dtype for t in cache):
                 raise ValueError(
-                    f"{source} has {name} of shapes {[tuple(t.shape) for t in cache]}, expected {expected_cache}"
+                    f"{source} has {name} of shapes {[tuple(t.shape) for t in cache]} and dtypes "
+                    f"{sorted({str(t.dtype) for t in cache})}, expected {expected_cache} {state.dtype}"
                 )
         state.keys, state.values = keys, values
-        state.seen_tokens = int(header.get("seen_tokens", 0))
+        state.seen_tokens = seen_tokens
+        state._check_values(source)
         lockstep = header.get("lockstep")
         if lockstep is not None:
+            if not (
+                isinstance(lockstep, list | tuple)
+                and len(lockstep) == 2
+                and all(isinstance(n, int) and not isinstance(n, bool) for n in lockstep)
+            ):
+                raise ValueError(f"{source} has a malformed 'lockstep' in its header: {lockstep!r}")
             fill, window_index = lockstep
             if not (bool((state.fill == fill).all()) and bool((state.window_index == window_index).all())):
                 raise ValueError(
                     f"{source} claims every row at fill {fill} of window {window_index}, which its rows are not"
                 )
-            lockstep = (fill, window_index)
-        state._lockstep = lockstep
+            state._lockstep = (fill, window_index)
+        else:
+            state._lockstep = None
         return state
+
+    def _check_values(self, source: object) -> None:
+        """Refuse what no run of the model leaves in a state: non-finite tensors, window counters outside the window
+        or inconsistent with the cache and with `seen_tokens`."""
+        tensors, _ = self._file_contents()
+        _check_finite(tensors, source)
+        size, overlap = self.window_size, self.window_overlap
+        if bool(((self.fill < 0) | (self.fill > size)).any()) or bool((self.window_index < 0).any()):
+            raise ValueError(
+                f"{source} has 'fill' {self.fill.tolist()} or 'window_index' {self.window_index.tolist()} outside "
+                f"the window (0 <= fill <= window_size={size}, window_index >= 0)"
+            )
+        if not torch.equal(self.slot_valid.sum(1), self.fill):
+            raise ValueError(
+                f"{source} has 'fill' {self.fill.tolist()} but {self.slot_valid.sum(1).tolist()} valid cache slots "
+                "('slot_valid')"
+            )
+        # Tokens each row has read at least: its first window, then window_size - window_overlap new ones per window.
+        read = torch.where(
+            self.window_index > 0, size + (self.window_index - 1) * (size - overlap) + self.fill - overlap, self.fill
+        )
+        if bool((read > self.seen_tokens).any()):
+            raise ValueError(
+                f"{source} has 'seen_tokens'={self.seen_tokens}, fewer than its rows have read ({read.tolist()}, from "
+                "'window_index' and 'fill')"
+            )
 
     def __repr__(self) -> str:
         return (
@@ -1380,9 +1489,7 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         if state is None:
             state = RecurrentDecoderState(self.config, batch, inputs_embeds.device, inputs_embeds.dtype)
         else:
-            state = RecurrentDecoderState.adopt(state, self.config)
-            if state.batch_size != batch:
-                raise ValueError(f"{STATE_NAME} holds {state.batch_size} rows but the input has batch size {batch}")
+            state = RecurrentDecoderState.adopt(state, self.config, batch, inputs_embeds.dtype)
             self.config.check_window_schedule(state.window_size, state.window_overlap)
         if attention_mask is None:
             real = torch.ones(batch, length, dtype=torch.bool, device=inputs_embeds.device)
