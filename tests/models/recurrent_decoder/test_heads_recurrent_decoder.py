@@ -21,7 +21,7 @@ from hf_recurrence import (
     RecurrentDecoderModel,
 )
 
-from ...common import ACROSS_KERNELS
+from ...common import ACROSS_KERNELS, assert_loads_with_remote_code
 from ...families import BACKBONES, Backbone
 
 
@@ -189,3 +189,22 @@ def test_save_and_load_round_trip_in_the_stock_layout(backbone, tmp_path):
     with torch.no_grad():
         expected = causal(ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
         torch.testing.assert_close(bare(ids, attention_mask=mask).last_hidden_state, expected, **ACROSS_KERNELS)
+
+
+@pytest.mark.remote_code
+def test_heads_and_bare_model_load_as_remote_code_in_a_fresh_interpreter(tmp_path):
+    model = core(ROWS[1], RecurrentDecoderForSequenceClassification)
+    inputs = {"input_ids": document()}
+    inputs["attention_mask"] = (inputs["input_ids"] != PAD).long()
+    assert_loads_with_remote_code(
+        model,
+        inputs,
+        tmp_path,
+        "AutoModelForSequenceClassification",
+        checks="""
+folder = model.name_or_path
+for auto_class, suffix in (("AutoModelForTokenClassification", "ForTokenClassification"), ("AutoModel", "Model")):
+    other = getattr(transformers, auto_class).from_pretrained(folder, trust_remote_code=True)
+    assert type(other).__name__ == "RecurrentDecoder" + suffix, type(other)
+""",
+    )
