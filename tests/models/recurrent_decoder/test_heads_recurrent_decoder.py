@@ -191,6 +191,28 @@ def test_save_and_load_round_trip_in_the_stock_layout(backbone, tmp_path):
         torch.testing.assert_close(bare(ids, attention_mask=mask).last_hidden_state, expected, **ACROSS_KERNELS)
 
 
+def test_the_classifier_keeps_the_recurrence_across_attention_implementations_and_checkpointing():
+    model = core(ROWS[0], RecurrentDecoderForSequenceClassification)
+    ids = document()
+    labels = torch.tensor([0, 2])
+    with torch.no_grad():
+        expected = model(ids).logits
+        model.set_attn_implementation("eager")
+        assert model.model.backbone.config._attn_implementation == "recurrent_eager"
+        torch.testing.assert_close(model(ids).logits, expected, **ROUNDING)
+    with pytest.raises(ValueError, match="'flash_attention_2' cannot carry the recurrence"):
+        model.set_attn_implementation("flash_attention_2")
+    model.set_attn_implementation("sdpa")
+    model.train()
+    plain = torch.autograd.grad(model(ids, labels=labels).loss, model.model.recurrence.ffn[0].weight)[0]
+    # Whole window steps are recomputed; the stock layers inside are not checkpointed again.
+    model.gradient_checkpointing_enable()
+    assert model.model.window_step.gradient_checkpointing
+    assert not any(getattr(m, "gradient_checkpointing", False) for m in model.model.backbone.modules())
+    checkpointed = torch.autograd.grad(model(ids, labels=labels).loss, model.model.recurrence.ffn[0].weight)[0]
+    torch.testing.assert_close(checkpointed, plain, **ROUNDING)
+
+
 @pytest.mark.remote_code
 def test_heads_and_bare_model_load_as_remote_code_in_a_fresh_interpreter(tmp_path):
     model = core(ROWS[1], RecurrentDecoderForSequenceClassification)

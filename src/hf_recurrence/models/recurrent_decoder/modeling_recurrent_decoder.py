@@ -1152,6 +1152,13 @@ class RecurrentDecoderPreTrainedModel(PreTrainedModel):
                 f"attention mask, which flash, flex and kernel attention do not take; use one of {list(INNER_ATTENTIONS)}"
             )
 
+    def set_attn_implementation(self, attn_implementation: str | dict, allow_all_kernels: bool = False) -> None:
+        # transformers would also give the backbones the plain name: stock models without the recurrence.
+        super().set_attn_implementation(attn_implementation, allow_all_kernels)
+        for module in self.modules():
+            if isinstance(module, RecurrentDecoderWindowModel):
+                module._bind_attention()
+
     def _set_gradient_checkpointing(self, *args, **kwargs) -> None:
         super()._set_gradient_checkpointing(*args, **kwargs)
         # Whole window steps are recomputed (`RecurrentDecoderWindowStep`); the stock layers inside need not be.
@@ -1246,11 +1253,6 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
                     f"RecurrentDecoder cannot run over this {family!r} backbone: layer {i} ({type(layer).__name__}) "
                     f"does not have the expected layout: {'; '.join(problems)}"
                 )
-
-    def set_attn_implementation(self, attn_implementation: str | dict, allow_all_kernels: bool = False) -> None:
-        # transformers would also give the backbone the plain name: a stock model without the recurrence.
-        super().set_attn_implementation(attn_implementation, allow_all_kernels)
-        self._bind_attention()
 
     def _bind_attention(self) -> None:
         """Run the backbone under `recurrent_<inner>`, `<inner>` being this model's attention implementation.
