@@ -116,8 +116,10 @@ def sliding_window_size(text_config: PreTrainedConfig) -> int | None:
 @strict
 class RecurrentDecoderConfig(PreTrainedConfig):
     r"""
-    Configuration of a [`RecurrentDecoderForCausalLM`]: a stock transformers decoder's config (`text_config`) plus
-    the recurrence settings below.
+    Configuration of the recurrence core's models ([`RecurrentDecoderModel`], [`RecurrentDecoderForCausalLM`] and the
+    sequence and token classification heads): a stock transformers decoder's config (`text_config`) plus the
+    recurrence settings below. Loaded from a stock checkpoint, its config becomes `text_config`, and a stock
+    classifier's labels (`id2label`, `label2id`, `problem_type`) stay with the head.
 
     The input is read in windows of `window_size` tokens, each window repeating the last `window_overlap` tokens of
     the one before. A window's hidden states, weighted across layers and mean-pooled, pass through a small
