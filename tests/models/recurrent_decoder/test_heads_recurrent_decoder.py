@@ -23,6 +23,7 @@ from hf_recurrence import (
 
 from ...common import ACROSS_KERNELS, assert_loads_with_remote_code
 from ...families import BACKBONES, Backbone
+from ...test_classification_heads import assert_trainer_fine_tunes_the_sequence_head
 
 
 PAD = 0
@@ -211,6 +212,10 @@ def test_the_classifier_keeps_the_recurrence_across_attention_implementations_an
     assert not any(getattr(m, "gradient_checkpointing", False) for m in model.model.backbone.modules())
     checkpointed = torch.autograd.grad(model(ids, labels=labels).loss, model.model.recurrence.ffn[0].weight)[0]
     torch.testing.assert_close(checkpointed, plain, **ROUNDING)
+
+
+def test_trainer_fine_tunes_the_sequence_head_and_compute_metrics_gets_scores(tmp_path):
+    assert_trainer_fine_tunes_the_sequence_head(core(ROWS[-1], RecurrentDecoderForSequenceClassification), tmp_path)
 
 
 @pytest.mark.remote_code
