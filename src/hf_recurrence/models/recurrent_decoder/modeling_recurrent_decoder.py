@@ -390,6 +390,20 @@ def _check_state_model_shape(found: dict, expected: dict, source: object) -> Non
         )
 
 
+def _refuse_export(model: nn.Module) -> None:
+    """Raise when `model` runs under torch.export (and the dynamo ONNX exporter), TorchScript tracing or the
+    TorchScript ONNX exporter; torch.compile is not refused (it guards and recompiles where a trace would not)."""
+    if torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        # The window/segment plan (lengths, padding, packed documents, the state's fill) is made in Python from the
+        # input's values: an export fails on it, and a TorchScript trace fixes one input's plan into the graph,
+        # silently wrong for any other length.
+        raise RuntimeError(
+            f"{type(model).__name__} cannot be exported or traced (torch.export, torch.onnx.export, "
+            "torch.jit.trace): it plans its windows and the state it carries from the input's length, padding and "
+            "positions in Python, so a graph would hold one input's plan. Run it eagerly or under torch.compile"
+        )
+
+
 def _document_starts(position_ids: torch.Tensor | None, real: torch.Tensor, continuing: bool) -> torch.Tensor | None:
     """Where packed documents begin, read from `position_ids` (batch, length) as TRL's and transformers' packing
     collators write them: positions count up by one inside a document and restart at 0 where the next one begins.
@@ -1474,6 +1488,7 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, RecurrentDecoderState]:
         """Validate the inputs; return the new positions' embeddings, their real-token mask, where packed documents
         start (from `position_ids`, see `_document_starts`) and the state."""
+        _refuse_export(self)
         if kwargs.get("token_type_ids") is not None:
             raise ValueError(f"token_type_ids are not supported by {type(self).__name__}")
         if (input_ids is None) == (inputs_embeds is None):
