@@ -9,7 +9,10 @@ family's attention reads.
 import pytest
 import torch
 
-from hf_recurrence.models.recurrent_decoder.configuration_recurrent_decoder import PRE_ATTENTION_NORMS
+from hf_recurrence.models.recurrent_decoder.configuration_recurrent_decoder import (
+    PRE_ATTENTION_NORMS,
+    rotary_refusal_reason,
+)
 
 from .common import ACROSS_KERNELS
 from .families import BACKBONES, Backbone
@@ -189,3 +192,40 @@ def test_attentions_are_laid_out_by_window_position(backbone):
         h_prev = weights[..., 0]
         assert not h_prev[0, :, :8].any()
         assert bool(h_prev[0, :, 8:].all()) if layer == 1 else not h_prev.any()
+
+
+ROTARY_AT_INSERTION = [b for b in BACKBONES if rotary_refusal_reason(b.text_config(), 1) is None]
+
+
+@by_backbone(ROTARY_AT_INSERTION)
+def test_a_rotated_h_prev_key_carries_the_state_and_changes_only_later_windows(backbone):
+    model, _ = backbone.models(window_overlap=2, h_prev_rope_position=-1)
+    unrotated, _ = backbone.models(window_overlap=2)
+    tokens = ids()
+    with torch.no_grad():
+        whole = model(tokens).logits
+        first = model(tokens[:, :13])
+        rest = model(tokens[:, 13:], past_key_values=first.past_key_values)
+        torch.testing.assert_close(torch.cat([first.logits, rest.logits], dim=1), whole)
+        plain = unrotated(tokens).logits
+    # Same weights: the first window has no h_prev, later windows see its key at another angle.
+    torch.testing.assert_close(whole[:, :8], plain[:, :8])
+    assert (whole[:, 8:] - plain[:, 8:]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"), [("gpt2", "no rotary position embeddings"), ("smollm3", "NoPE")], ids=["gpt2", "smollm3"]
+)
+def test_a_rotated_h_prev_key_is_refused_where_the_insertion_layer_is_not_rotary(name, reason):
+    (backbone,) = [b for b in BACKBONES if b.name == name]
+    with pytest.raises(
+        ValueError, match=rf"h_prev_rope_position=-1 cannot be used over a '{name}' backbone: .*{reason}"
+    ):
+        backbone.models(h_prev_rope_position=-1)
+
+
+@pytest.mark.parametrize("position", [1, -9])
+def test_h_prev_rope_position_outside_the_trained_offsets_is_refused_naming_the_value(position):
+    (backbone,) = [b for b in BACKBONES if b.name == "llama"]
+    with pytest.raises(ValueError, match=rf"h_prev_rope_position={position!r}"):
+        backbone.models(h_prev_rope_position=position)

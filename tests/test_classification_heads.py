@@ -142,7 +142,13 @@ def test_stock_classifier_checkpoint_loads_with_only_the_recurrence_new(stock, o
 
 @by_family
 def test_trainer_fine_tunes_the_sequence_head_and_compute_metrics_gets_scores(family, tmp_path):
-    model = _model(family, 0)
+    assert_trainer_fine_tunes_the_sequence_head(_model(family, 0), tmp_path)
+
+
+def assert_trainer_fine_tunes_the_sequence_head(model, tmp_path) -> None:
+    """The stock Trainer trains `model` (3 labels, a `score` layer) on documents of 40 tokens, and compute_metrics
+    gets only the scores (the state is left out of the gathered predictions); shared with the recurrence core's
+    tests."""
 
     class Documents(torch.utils.data.Dataset):
         def __len__(self) -> int:

@@ -44,8 +44,14 @@ EXPORTERS = {
 
 @by_family(STATEFUL_FAMILIES)
 def test_export_and_tracing_are_refused_with_the_reason_and_compile_is_not(family, tmp_path):
-    model = family.head()
-    ids = family.inputs(batch=1, length=16)["input_ids"]
+    assert_export_is_refused_and_compile_is_not(
+        family.head(), family.inputs(batch=1, length=16)["input_ids"], tmp_path
+    )
+
+
+def assert_export_is_refused_and_compile_is_not(model: torch.nn.Module, ids: torch.Tensor, tmp_path) -> None:
+    """Every exporter fails on the causal `model` with the refusal and writes nothing; torch.compile runs it and gives
+    the eager logits. Shared with the recurrence core's tests."""
     torch._dynamo.reset()
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(model)(ids).logits, model(ids).logits)

@@ -7,7 +7,7 @@ The files are in tests/fixtures/recurrent_families_0_1 (its make_fixture.py says
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from hf_recurrence import RecurrentGPT2LMHeadModel, RecurrentLlamaForCausalLM
 
@@ -16,6 +16,10 @@ from .common import ACROSS_KERNELS, REPO_ROOT, assert_loads_with_remote_code
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "recurrent_families_0_1"
 CLASSES = {"recurrent_gpt2": RecurrentGPT2LMHeadModel, "recurrent_llama": RecurrentLlamaForCausalLM}
+CLASSIFIERS = {
+    "recurrent_gpt2": "RecurrentGPT2ForSequenceClassification",
+    "recurrent_llama": "RecurrentLlamaForSequenceClassification",
+}
 
 
 def _tensor_names(path) -> set[str]:
@@ -53,3 +57,17 @@ def test_a_resaved_old_checkpoint_keeps_its_layout_and_loads_as_remote_code(fami
     reference = torch.load(FIXTURES / f"{family}_reference.pt")
     inputs = {"input_ids": reference["input_ids"], "attention_mask": reference["attention_mask"]}
     assert_loads_with_remote_code(model, inputs, tmp_path / "remote", "AutoModelForCausalLM")
+
+
+@pytest.mark.parametrize("family", sorted(CLASSES))
+def test_an_old_sequence_classifier_loads_and_scores_as_it_did(family, tmp_path):
+    reference = torch.load(FIXTURES / f"{family}_classifier_reference.pt")
+    folder = FIXTURES / f"{family}_classifier"
+    model, info = AutoModelForSequenceClassification.from_pretrained(folder, output_loading_info=True)
+    assert type(model).__name__ == CLASSIFIERS[family]
+    assert not any(info.values()), info
+    with torch.no_grad():
+        scores = model.eval()(reference["input_ids"], attention_mask=reference["attention_mask"]).logits
+    torch.testing.assert_close(scores, reference["logits"], **ACROSS_KERNELS)
+    model.save_pretrained(tmp_path)
+    assert _tensor_names(tmp_path / "model.safetensors") == _tensor_names(folder / "model.safetensors")

@@ -180,10 +180,17 @@ def test_an_in_memory_state_of_another_model_is_refused_in_one_error(family):
     layers = model.config.num_hidden_layers
     with torch.no_grad():
         deeper_state = family.head(num_hidden_layers=layers + 1)(ids[:, :SPLIT]).past_key_values
+    assert_states_of_another_model_are_refused(model, deeper_state, layers, ids)
+
+
+def assert_states_of_another_model_are_refused(model, deeper_state, layers: int, ids: torch.Tensor) -> None:
+    """`model` (with `layers` layers) refuses a state of a model one layer deeper, a state of another batch size and a
+    float32 state once it is bfloat16, each by name; shared with the recurrence core's tests."""
+    with torch.no_grad():
         state = model(ids[:, :SPLIT]).past_key_values
         with pytest.raises(
             ValueError,
-            match=rf"past_key_values does not fit this model: layers={layers + 1} \(this model: {layers}\)",
+            match=rf"(past_key_values|cache) does not fit this model: layers={layers + 1} \(this model: {layers}\)",
         ):
             model(ids[:, SPLIT:], past_key_values=deeper_state)
         with pytest.raises(ValueError, match=r"batch_size=2 \(the input: 1\)"):
@@ -196,6 +203,12 @@ def test_an_in_memory_state_of_another_model_is_refused_in_one_error(family):
 @pytest.mark.parametrize("family", STATEFUL_FAMILIES, ids=lambda f: f.name)
 def test_values_no_run_leaves_in_a_state_are_refused_naming_the_file_and_field(family, tmp_path):
     model, _, good, header = _saved_state(family, tmp_path)
+    assert_values_no_run_leaves_are_refused(model, good, header, tmp_path)
+
+
+def assert_values_no_run_leaves_are_refused(model, good, header: dict, tmp_path) -> None:
+    """`model.load_state` refuses rewrites of the state file `good` (with `header`) holding values no run leaves,
+    naming the file and the field; shared with the recurrence core's tests."""
 
     def refused(name: str, match: str, **rewrite) -> None:
         path = tmp_path / f"{name}.safetensors"
@@ -229,7 +242,12 @@ def test_values_no_run_leaves_in_a_state_are_refused_naming_the_file_and_field(f
 
 @pytest.mark.parametrize("family", [f for f in STATEFUL_FAMILIES if f.name != "transformer_xl"], ids=lambda f: f.name)
 def test_window_counters_outside_the_window_or_the_cache_are_refused(family, tmp_path):
-    model, state, good, header = _saved_state(family, tmp_path)
+    assert_window_counters_are_refused(*_saved_state(family, tmp_path), tmp_path)
+
+
+def assert_window_counters_are_refused(model, state, good, header: dict, tmp_path) -> None:
+    """`model.load_state` refuses rewrites of the windowed state file `good` whose fill counts leave the window or
+    disagree with the cache, or whose lockstep header is malformed; shared with the recurrence core's tests."""
     header = {**header, "lockstep": None}
     fill = _read_tensors(good)["fill"]
     for name, value, match in (
@@ -248,7 +266,12 @@ def test_window_counters_outside_the_window_or_the_cache_are_refused(family, tmp
 
 @pytest.mark.parametrize("family", STATEFUL_FAMILIES, ids=lambda f: f.name)
 def test_of_two_writers_of_one_path_without_overwrite_only_one_succeeds(family, tmp_path, monkeypatch):
-    _, state = _model_and_state(family)
+    assert_one_of_two_writers_wins(_model_and_state(family)[1], tmp_path, monkeypatch)
+
+
+def assert_one_of_two_writers_wins(state, tmp_path, monkeypatch) -> None:
+    """Of two writers of one path in the empty folder `tmp_path` without overwrite, only the first succeeds, and no
+    temporary file is left; shared with the recurrence core's tests."""
     path = tmp_path / "state.safetensors"
     module = sys.modules[type(state).__module__]
     write = module.save_file
@@ -267,7 +290,12 @@ def test_of_two_writers_of_one_path_without_overwrite_only_one_succeeds(family, 
 
 @pytest.mark.parametrize("family", STATEFUL_FAMILIES, ids=lambda f: f.name)
 def test_a_failed_save_leaves_no_partial_file_and_the_state_docs_say_it_is_not_thread_safe(family, tmp_path):
-    _, state = _model_and_state(family)
+    assert_a_failed_save_leaves_nothing(_model_and_state(family)[1], tmp_path)
+
+
+def assert_a_failed_save_leaves_nothing(state, tmp_path) -> None:
+    """A save over a folder fails without leaving a file in the empty folder `tmp_path`; a saved file is its owner's
+    only, and the state's docs say it is not thread-safe; shared with the recurrence core's tests."""
     (tmp_path / "taken").mkdir()
     with pytest.raises(OSError):
         state.save(tmp_path / "taken", overwrite=True)

@@ -3,12 +3,14 @@
 from transformers import PreTrainedConfig
 
 
-# Families whose blocks are GPT-2 blocks: attention with 4 d x d projections and a two-matrix MLP.
-GPT2_MODEL_TYPES = ("gpt2", "recurrent_gpt2")
-# Families whose blocks are Llama blocks: grouped-query attention (q and o d x d, k and v d x kv) and a SwiGLU MLP.
-LLAMA_MODEL_TYPES = ("llama", "recurrent_llama")
+# Model types that read a long input in their own windows and carry a state across them: the recurrence core over a
+# stock decoder (its `text_config`), and its named families.
+RECURRENT_MODEL_TYPES = ("recurrent_decoder", "recurrent_gpt2", "recurrent_llama")
+# Backbones whose blocks are GPT-2 blocks: attention with 4 d x d projections and a two-matrix MLP.
+GPT2_MODEL_TYPES = ("gpt2",)
+# Backbones whose blocks are Llama blocks: grouped-query attention (q and o d x d, k and v d x kv) and a SwiGLU MLP.
+LLAMA_MODEL_TYPES = ("llama",)
 FLOPS_MODEL_TYPES = GPT2_MODEL_TYPES + LLAMA_MODEL_TYPES
-RECURRENT_FLOPS_MODEL_TYPES = ("recurrent_gpt2", "recurrent_llama")
 
 
 def check_schedule(window_size: int, overlap: int) -> None:
@@ -36,6 +38,16 @@ def _key_value_width(config: PreTrainedConfig) -> int:
     return config.num_key_value_heads * head_dim
 
 
+def _counted_backbone(config: PreTrainedConfig) -> PreTrainedConfig:
+    """The config whose blocks are counted: a recurrent model's backbone, else the model's own."""
+    return config.text_config if config.model_type in RECURRENT_MODEL_TYPES else config
+
+
+def has_flops_count(config: PreTrainedConfig) -> bool:
+    """Whether `flops_per_token` has a count for this model."""
+    return _counted_backbone(config).model_type in FLOPS_MODEL_TYPES
+
+
 def flops_per_token(config: PreTrainedConfig, window_size: int, overlap: int = 0) -> float:
     """Forward FLOPs per predicted token when reading a long document in windows of `window_size` tokens that repeat
     `overlap` tokens.
@@ -51,18 +63,21 @@ def flops_per_token(config: PreTrainedConfig, window_size: int, overlap: int = 0
     projection of `h_prev` (`2·2·d·d_kv`), spread over the window's new tokens. That is under 1% of the total for GPT-2
     small and SmolLM2-135M. Embeddings, the LM head, biases and norms are left out, as in the paper.
 
-    Raises `ValueError` for a model type with no count here, or for a bad window / overlap.
+    Raises `ValueError` for a model (or a recurrent model's backbone) type with no count here, or for a bad window /
+    overlap.
     """
-    if config.model_type not in FLOPS_MODEL_TYPES:
+    backbone = _counted_backbone(config)
+    if not has_flops_count(config):
         raise ValueError(
-            f"No analytic FLOPs count for model_type={config.model_type!r}; supported: {', '.join(FLOPS_MODEL_TYPES)}"
+            f"No analytic FLOPs count for model_type={backbone.model_type!r}; supported: "
+            f"{', '.join(FLOPS_MODEL_TYPES)} and recurrent models over them"
         )
     check_schedule(window_size, overlap)
-    layers, hidden, block_weights = _block_shape(config)
+    layers, hidden, block_weights = _block_shape(backbone)
     per_position = 2 * layers * block_weights + 2 * layers * window_size * hidden
     per_window = 0
-    if config.model_type in RECURRENT_FLOPS_MODEL_TYPES:
-        key_value = hidden if config.model_type in GPT2_MODEL_TYPES else _key_value_width(config)
+    if backbone is not config:  # recurrent
+        key_value = hidden if backbone.model_type in GPT2_MODEL_TYPES else _key_value_width(backbone)
         per_position += 2 * layers * hidden + 2 * hidden
         sizes = [hidden, *config.recurrence_hidden_sizes, hidden]
         per_window += 2 * sum(a * b for a, b in zip(sizes[:-1], sizes[1:], strict=True)) + 2 * 2 * hidden * key_value

@@ -13,13 +13,10 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput, logging
 
-from .flops import FLOPS_MODEL_TYPES, check_schedule, flops_per_token
+from .flops import RECURRENT_MODEL_TYPES, check_schedule, flops_per_token, has_flops_count
 
 
 logger = logging.get_logger(__name__)
-
-# Model types that read a long input in their own windows and carry a state across them.
-RECURRENT_MODEL_TYPES = ("recurrent_gpt2", "recurrent_llama")
 
 # Model types that read a long input in fixed segments and attend to the memory of earlier ones (Transformer-XL):
 # read independent windows, they would lose that memory and disagree with their own loss (and with lm-eval's score).
@@ -170,7 +167,7 @@ def windowed_perplexity(
 
     nll = total_nll / num_tokens
     # The analytic count covers GPT-2- and Llama-shaped blocks.
-    flops = flops_per_token(config, window_size, overlap) if config.model_type in FLOPS_MODEL_TYPES else None
+    flops = flops_per_token(config, window_size, overlap) if has_flops_count(config) else None
     return WindowedPerplexity(
         perplexity=math.exp(nll),
         nll=nll,
@@ -263,8 +260,7 @@ def resolve_schedule(config, window_size: int | None, overlap: int | None) -> tu
         return _segment_schedule(config, window_size, overlap)
     recurrent = config.model_type in RECURRENT_MODEL_TYPES
     if recurrent:
-        # GPT-2 families name their position table n_positions, Llama families max_position_embeddings.
-        max_window = config.n_positions if hasattr(config, "n_positions") else config.max_position_embeddings
+        max_window = config.text_config.max_position_embeddings  # the backbone's position table
         window_size = config.window_size if window_size is None else window_size
         if overlap is not None and overlap != config.window_overlap:
             raise ValueError(

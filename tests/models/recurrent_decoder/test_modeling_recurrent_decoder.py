@@ -81,7 +81,13 @@ def test_a_stock_checkpoint_loads_unchanged_with_only_the_recurrence_new(stock_c
     config_text = (tmp_path / "recurrent" / "config.json").read_text()
     assert "recurrent_sdpa" not in config_text and "recurrent_eager" not in config_text
     saved = json.loads((tmp_path / "recurrent" / "config.json").read_text())
-    assert set(saved["auto_map"]) == {"AutoConfig", "AutoModelForCausalLM"}
+    assert set(saved["auto_map"]) == {
+        "AutoConfig",
+        "AutoModel",
+        "AutoModelForCausalLM",
+        "AutoModelForSequenceClassification",
+        "AutoModelForTokenClassification",
+    }
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "recurrent").eval()
     assert type(reloaded) is RecurrentDecoderForCausalLM
     with torch.no_grad():

@@ -1,34 +1,84 @@
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
 
 from .configuration_recurrent_decoder import RecurrentDecoderConfig, RecurrentGPT2Config, RecurrentLlamaConfig
 from .modeling_recurrent_decoder import (
     RecurrentDecoderForCausalLM,
+    RecurrentDecoderForSequenceClassification,
+    RecurrentDecoderForTokenClassification,
+    RecurrentDecoderModel,
+    RecurrentDecoderPreTrainedModel,
     RecurrentDecoderState,
+    RecurrentGPT2ForSequenceClassification,
+    RecurrentGPT2ForTokenClassification,
     RecurrentGPT2LMHeadModel,
+    RecurrentGPT2Model,
     RecurrentGPT2State,
     RecurrentLlamaForCausalLM,
+    RecurrentLlamaForSequenceClassification,
+    RecurrentLlamaForTokenClassification,
+    RecurrentLlamaModel,
     RecurrentLlamaState,
 )
 
 
-for config_class, causal_lm_class in (
-    (RecurrentDecoderConfig, RecurrentDecoderForCausalLM),
-    (RecurrentGPT2Config, RecurrentGPT2LMHeadModel),
-    (RecurrentLlamaConfig, RecurrentLlamaForCausalLM),
-):
+# The core and its named families: a config and its four models each.
+FAMILIES = {
+    RecurrentDecoderConfig: (
+        RecurrentDecoderModel,
+        RecurrentDecoderForCausalLM,
+        RecurrentDecoderForSequenceClassification,
+        RecurrentDecoderForTokenClassification,
+    ),
+    RecurrentGPT2Config: (
+        RecurrentGPT2Model,
+        RecurrentGPT2LMHeadModel,
+        RecurrentGPT2ForSequenceClassification,
+        RecurrentGPT2ForTokenClassification,
+    ),
+    RecurrentLlamaConfig: (
+        RecurrentLlamaModel,
+        RecurrentLlamaForCausalLM,
+        RecurrentLlamaForSequenceClassification,
+        RecurrentLlamaForTokenClassification,
+    ),
+}
+AUTO_CLASSES = (AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoModelForTokenClassification)
+
+for config_class, model_classes in FAMILIES.items():
     AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
-    AutoModelForCausalLM.register(config_class, causal_lm_class, exist_ok=True)
     config_class.register_for_auto_class()
-    causal_lm_class.register_for_auto_class("AutoModelForCausalLM")
+    for auto_class, model_class in zip(AUTO_CLASSES, model_classes, strict=True):
+        auto_class.register(config_class, model_class, exist_ok=True)
+        model_class.register_for_auto_class(auto_class.__name__)
+
+RecurrentGPT2PreTrainedModel = RecurrentLlamaPreTrainedModel = RecurrentDecoderPreTrainedModel
 
 __all__ = [
     "RecurrentDecoderConfig",
     "RecurrentDecoderForCausalLM",
+    "RecurrentDecoderForSequenceClassification",
+    "RecurrentDecoderForTokenClassification",
+    "RecurrentDecoderModel",
+    "RecurrentDecoderPreTrainedModel",
     "RecurrentDecoderState",
     "RecurrentGPT2Config",
+    "RecurrentGPT2ForSequenceClassification",
+    "RecurrentGPT2ForTokenClassification",
     "RecurrentGPT2LMHeadModel",
+    "RecurrentGPT2Model",
+    "RecurrentGPT2PreTrainedModel",
     "RecurrentGPT2State",
     "RecurrentLlamaConfig",
     "RecurrentLlamaForCausalLM",
+    "RecurrentLlamaForSequenceClassification",
+    "RecurrentLlamaForTokenClassification",
+    "RecurrentLlamaModel",
+    "RecurrentLlamaPreTrainedModel",
     "RecurrentLlamaState",
 ]

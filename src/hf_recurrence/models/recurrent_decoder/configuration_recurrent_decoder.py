@@ -16,17 +16,27 @@ logger = logging.get_logger(__name__)
 
 AUTO_MAP = {
     "AutoConfig": "configuration_recurrent_decoder.RecurrentDecoderConfig",
+    "AutoModel": "modeling_recurrent_decoder.RecurrentDecoderModel",
     "AutoModelForCausalLM": "modeling_recurrent_decoder.RecurrentDecoderForCausalLM",
+    "AutoModelForSequenceClassification": "modeling_recurrent_decoder.RecurrentDecoderForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_recurrent_decoder.RecurrentDecoderForTokenClassification",
 }
-# The named families: the core over one backbone each, under the names and checkpoint layout they had before the core.
-GPT2_AUTO_MAP = {
-    "AutoConfig": "configuration_recurrent_decoder.RecurrentGPT2Config",
-    "AutoModelForCausalLM": "modeling_recurrent_decoder.RecurrentGPT2LMHeadModel",
-}
-LLAMA_AUTO_MAP = {
-    "AutoConfig": "configuration_recurrent_decoder.RecurrentLlamaConfig",
-    "AutoModelForCausalLM": "modeling_recurrent_decoder.RecurrentLlamaForCausalLM",
-}
+
+
+def _named_auto_map(name: str, causal_lm: str) -> dict[str, str]:
+    """The auto_map of a named family: the core over one backbone, under the names it had before the core."""
+    modeling = "modeling_recurrent_decoder.Recurrent" + name
+    return {
+        "AutoConfig": f"configuration_recurrent_decoder.Recurrent{name}Config",
+        "AutoModel": f"{modeling}Model",
+        "AutoModelForCausalLM": f"{modeling}{causal_lm}",
+        "AutoModelForSequenceClassification": f"{modeling}ForSequenceClassification",
+        "AutoModelForTokenClassification": f"{modeling}ForTokenClassification",
+    }
+
+
+GPT2_AUTO_MAP = _named_auto_map("GPT2", "LMHeadModel")
+LLAMA_AUTO_MAP = _named_auto_map("Llama", "ForCausalLM")
 
 # The backbones the recurrence is checked on, by model_type, with the attribute of a decoder layer that norms the
 # residual stream before self-attention: `h_prev` enters the insertion layer like a token, through that norm. None:
@@ -45,6 +55,10 @@ PRE_ATTENTION_NORMS = {
 }
 # The layer types whose attention is softmax attention over keys/values, which an extra h_prev key/value extends.
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
+# The settings of a classification head, read from a stock classifier's config.
+CLASSIFIER_SETTINGS = ("id2label", "label2id", "problem_type")
+# What the recurrence reads: the window's summary (the paper), or zeros (the control: a learned constant h_prev).
+RECURRENCE_INPUTS = ("window", "zeros")
 # What the recurrence reads: the window's summary (the paper), or zeros (the control: a learned constant h_prev).
 RECURRENCE_INPUTS = ("window", "zeros")
 
@@ -105,6 +119,17 @@ def sliding_window_size(text_config: PreTrainedConfig) -> int | None:
     if window is None or (layer_types is not None and "sliding_attention" not in layer_types):
         return None
     return window
+
+
+def rotary_refusal_reason(text_config: PreTrainedConfig, layer: int) -> str | None:
+    """Why the attention of decoder layer `layer` of a backbone with `text_config` rotates no keys, or None if it
+    does: the `h_prev` key can only be rotated (`h_prev_rope_position`) where the window's keys are."""
+    if getattr(text_config, "rope_parameters", None) is None:
+        return "it has no rotary position embeddings (its positions are absolute)"
+    no_rope_layers = getattr(text_config, "no_rope_layers", None)  # SmolLM3: 0 marks a layer without RoPE (NoPE)
+    if no_rope_layers is not None and 0 <= layer < len(no_rope_layers) and not no_rope_layers[layer]:
+        return f"its layer {layer} (the insertion layer) uses no rotary position embedding (a NoPE layer)"
+    return None
 
 
 @dataclass
@@ -210,28 +235,38 @@ class RecurrenceSettings:
         self.check_h_prev_rope_position()
 
     def check_h_prev_rope_position(self) -> None:
-        """Raise `ValueError` unless `h_prev_rope_position` is None or a position the backbone was trained to see
-        before a window."""
-        position = getattr(self, "h_prev_rope_position", None)
+        """Raise `ValueError` naming the value unless `h_prev_rope_position` is None or a position the backbone's
+        insertion layer can rotate the `h_prev` key to."""
+        position = self.h_prev_rope_position
         if position is None:
             return
-        positions = position_table_size(self.text_config) or 0
-        limit = positions - self.window_size
-        if not _is_int(position) or not -limit <= position <= 0:
+        positions = position_table_size(self.text_config)
+        limit = positions - self.window_size if positions is not None else None
+        if not _is_int(position) or position > 0 or (limit is not None and position < -limit):
             # Offsets from a window's queries (positions 0..window_size-1) back to the h_prev key must be ones a
             # causal model was trained on: 0..max_position_embeddings-1.
+            allowed = (
+                f"[-{limit}, 0] (max_position_embeddings - window_size = {limit})" if limit is not None else "<= 0"
+            )
             raise ValueError(
-                f"h_prev_rope_position must be None (unrotated h_prev key) or a position in [-{limit}, 0] "
-                f"(max_position_embeddings - window_size = {limit} before the window at most), got "
+                f"h_prev_rope_position must be None (unrotated h_prev key) or a window position in {allowed}, got "
                 f"h_prev_rope_position={position!r}"
+            )
+        reason = rotary_refusal_reason(self.text_config, self.insertion_layer)
+        if reason is not None:
+            raise ValueError(
+                f"h_prev_rope_position={position} cannot be used over a {self.text_config.model_type!r} backbone: "
+                f"{reason}, so there is no rotation to give the h_prev key; leave h_prev_rope_position=None"
             )
 
 
 @strict
 class RecurrentDecoderConfig(RecurrenceSettings, PreTrainedConfig):
     r"""
-    Configuration of a [`RecurrentDecoderForCausalLM`]: a stock transformers decoder's config (`text_config`) plus
-    the recurrence settings below.
+    Configuration of the recurrence core's models ([`RecurrentDecoderModel`], [`RecurrentDecoderForCausalLM`] and the
+    sequence and token classification heads): a stock transformers decoder's config (`text_config`) plus the
+    recurrence settings below. Loaded from a stock checkpoint, its config becomes `text_config`, and a stock
+    classifier's labels (`id2label`, `label2id`, `problem_type`) stay with the head.
 
     The input is read in windows of `window_size` tokens, each window repeating the last `window_overlap` tokens of
     the one before. A window's hidden states, weighted across layers and mean-pooled, pass through a small
@@ -258,10 +293,11 @@ class RecurrentDecoderConfig(RecurrenceSettings, PreTrainedConfig):
             Truncation of backpropagation through time. `None` backpropagates through every window of an input; `k`
             lets gradient cross window boundaries only inside runs of `k + 1` windows.
         h_prev_rope_position (`int`, *optional*):
-            Rotary position of the `h_prev` key, for backbones with rotary embeddings at the insertion layer. `None`
-            (default) leaves it unrotated, so its attention score depends only on the query's content and position,
-            like an attention sink; an integer `p <= 0` rotates it as a token at window position `p` (`-1`: just
-            before the window's first token, where the summarised text was).
+            RoPE policy of the `h_prev` key, as the recurrent Llama's. `None` (default) leaves it unrotated, so its
+            attention score depends only on the query's content and position. An integer `p <= 0` rotates it, with
+            the backbone's own rotary embedding of the insertion layer, as a token at window position `p` (`-1`: just
+            before the window's first token); at most `max_position_embeddings - window_size` before the window. Only
+            for backbones whose insertion layer is rotary (not GPT-2, not a SmolLM3 NoPE layer).
         normalize_pooled_states (`bool`, *optional*, defaults to `False`):
             Scale every layer's token states to unit RMS before the layer-weighted mean (decoders with attention-sink
             activations otherwise make the plain mean mostly a constant).
@@ -310,7 +346,9 @@ class RecurrentDecoderConfig(RecurrenceSettings, PreTrainedConfig):
             logger.info(
                 f"Using the {config_dict.get('model_type')!r} config of {pretrained_model_name_or_path} as backbone"
             )
-            config_dict = {"model_type": cls.model_type, "text_config": config_dict}
+            # The labels of a stock classifier's checkpoint are the head's, so they stay at the top level.
+            labels = {name: config_dict[name] for name in CLASSIFIER_SETTINGS if name in config_dict}
+            config_dict = {"model_type": cls.model_type, "text_config": config_dict, **labels}
         return config_dict, kwargs
 
     @classmethod

@@ -11,24 +11,37 @@ layer, the key/value of `h_prev` (computed by the layer's own attention code) an
 The family's rotary embedding, embedding scaling, norms, biases and head post-processing are therefore its own.
 """
 
+import inspect
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
-from transformers import AutoModelForCausalLM, GenerationConfig, GenerationMixin, PreTrainedConfig, PreTrainedModel
+from transformers import (
+    AutoModel,
+    AutoModelForCausalLM,
+    GenerationConfig,
+    GenerationMixin,
+    PreTrainedConfig,
+    PreTrainedModel,
+)
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.conversion_mapping import register_checkpoint_conversion_mapping
 from transformers.core_model_loading import WeightRenaming
 from transformers.generation import MaxLengthCriteria, StoppingCriteriaList
-from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_layers import (
+    GenericForSequenceClassification,
+    GenericForTokenClassification,
+    GradientCheckpointingLayer,
+)
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 from transformers.utils import ModelOutput, logging
 
@@ -59,32 +72,6 @@ def _given_state(past_key_values: object | None, cache: object | None) -> object
             "Pass the state once: as cache or as past_key_values (its name before transformers 5.24), not both"
         )
     return past_key_values if cache is None else cache
-
-
-def _model_output_class(name: str, doc: str, fields: dict[str, object]) -> type[ModelOutput]:
-    """A ModelOutput dataclass with `fields` (name -> annotation, each defaulting to None), in which the field named
-    `past_key_values` takes the installed transformers' name for the state (a dataclass's field names are fixed when
-    the class is made, and transformers 5.24's generate() reads `outputs.cache`)."""
-    return make_dataclass(
-        name,
-        [(STATE_NAME if key == "past_key_values" else key, kind, field(default=None)) for key, kind in fields.items()],
-        bases=(ModelOutput,),
-        namespace={"__doc__": doc, "__module__": __name__},
-    )
-
-
-def _refuse_export(model: nn.Module) -> None:
-    """Raise when `model` runs under torch.export (and the dynamo ONNX exporter), TorchScript tracing or the
-    TorchScript ONNX exporter; torch.compile is not refused (it guards and recompiles where a trace would not)."""
-    if torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
-        # The window/segment plan (lengths, padding, packed documents, the state's fill) is made in Python from the
-        # input's values: an export fails on it, and a TorchScript trace fixes one input's plan into the graph,
-        # silently wrong for any other length.
-        raise RuntimeError(
-            f"{type(model).__name__} cannot be exported or traced (torch.export, torch.onnx.export, "
-            "torch.jit.trace): it plans its windows and the state it carries from the input's length, padding and "
-            "positions in Python, so a graph would hold one input's plan. Run it eagerly or under torch.compile"
-        )
 
 
 def _right_packing_index(valid: torch.Tensor, width: int) -> torch.Tensor:
@@ -176,6 +163,7 @@ class _StepContext:
         inserted_mask: torch.Tensor,
         h_prev: torch.Tensor | None,
         h_prev_norm: Callable[[torch.Tensor], torch.Tensor],
+        h_prev_rotation: tuple[torch.Tensor, torch.Tensor] | None,
         output_attentions: bool,
     ):
         self.insertion_layer = insertion_layer
@@ -183,6 +171,8 @@ class _StepContext:
         self.past = past
         self.plain_mask, self.inserted_mask = plain_mask, inserted_mask
         self.h_prev, self.h_prev_norm = h_prev, h_prev_norm
+        # (cos, sin) of the h_prev key, (batch, 1, rotary_dim) each; None: unrotated (`h_prev_rope_position`).
+        self.h_prev_rotation = h_prev_rotation
         self.output_attentions = output_attentions
         # Filled by the layers: their keys/values (cache + step, per kv head) and attention weights.
         self.keys: dict[int, torch.Tensor] = {}
@@ -202,16 +192,21 @@ def _inner_attention(module: nn.Module, eager: bool) -> Callable:
 
 def _h_prev_key_value(module: nn.Module, ctx: _StepContext) -> tuple[torch.Tensor, torch.Tensor]:
     """`h_prev`'s key and value at this attention module, (batch, kv_head, 1, head_dim) each, through the module's
-    own code (biases, fused qkv, per-head or full-width key norms): it runs on the normed `h_prev` as a one-token
-    input with an identity rotation (cos 1, sin 0), and what reaches the attention interface is kept."""
+    own code (biases, fused qkv, per-head or full-width key norms, partial rotary): it runs on the normed `h_prev` as
+    a one-token input with the step's `h_prev` rotation, or an identity one (cos 1, sin 0), and what reaches the
+    attention interface is kept."""
     normed = ctx.h_prev_norm(ctx.h_prev[:, None])  # (batch, 1, hidden)
-    cos = normed.new_ones(normed.shape[0], 1, module.head_dim)
+    if ctx.h_prev_rotation is not None:
+        position_embeddings = ctx.h_prev_rotation
+    else:
+        cos = normed.new_ones(normed.shape[0], 1, module.head_dim)
+        position_embeddings = (cos, torch.zeros_like(cos))
     ctx.probing = True
     try:
         # .forward, not __call__: no output-capture or FSDP hooks fire for the probe.
         module.forward(
             hidden_states=normed,
-            position_embeddings=(cos, torch.zeros_like(cos)),
+            position_embeddings=position_embeddings,
             attention_mask=None,
             recurrence=ctx,
         )
@@ -235,8 +230,8 @@ def recurrent_attention(
     ctx = recurrence
     if ctx is None:
         raise RuntimeError(
-            f"{type(module).__name__} ran under the attention implementation of RecurrentDecoderForCausalLM without "
-            "its window step; run the backbone through RecurrentDecoderForCausalLM, or give it "
+            f"{type(module).__name__} ran under the attention implementation of the recurrence core without its "
+            "window step; run the backbone through RecurrentDecoderModel or RecurrentDecoderForCausalLM, or give it "
             "attn_implementation='sdpa' or 'eager' to use it as a stock model"
         )
     if ctx.probing:
@@ -304,17 +299,31 @@ _STATE_HEADER_KEY = "hf_recurrence_state"
 def _write_state_file(
     path: str | os.PathLike, tensors: dict[str, torch.Tensor], header: dict, overwrite: bool
 ) -> None:
-    """Write `tensors` and the JSON `header` to a safetensors file, through a temporary file so that a failed write
-    never leaves half a state behind; an existing file is replaced only with `overwrite=True`."""
+    """Write `tensors` and the JSON `header` to a safetensors file, readable by its owner only (it holds what the
+    model read). The file is written under a temporary name beside `path` and put in place in one step, so a failed
+    write never leaves half a state or a temporary file behind. Without `overwrite` the final name is created
+    exclusively (a hard link fails if the name exists), so of two writers of one path only one succeeds."""
     path = Path(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
     header = {**header, "format_version": STATE_FILE_FORMAT_VERSION}
     # safetensors refuses tensors that share memory (a fresh state repeats one empty cache tensor per layer).
     owned = {name: t.detach().contiguous().clone() for name, t in tensors.items()}
-    partial = path.with_name(path.name + ".partial")
-    save_file(owned, str(partial), metadata={_STATE_HEADER_KEY: json.dumps(header, sort_keys=True)})
-    partial.replace(path)
+    descriptor, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    os.close(descriptor)
+    try:
+        save_file(owned, partial, metadata={_STATE_HEADER_KEY: json.dumps(header, sort_keys=True)})
+        if overwrite:
+            os.replace(partial, path)
+        else:
+            try:
+                os.link(partial, path)
+            except FileExistsError:
+                raise FileExistsError(
+                    f"{path} was created by another writer meanwhile; pass overwrite=True to replace it"
+                ) from None
+    finally:
+        Path(partial).unlink(missing_ok=True)
 
 
 def _read_state_file(
@@ -324,14 +333,23 @@ def _read_state_file(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No state file at {path}")
-    with safe_open(str(path), framework="pt", device="cpu" if device is None else str(device)) as file:
-        raw = (file.metadata() or {}).get(_STATE_HEADER_KEY)
-        if raw is None:
-            raise ValueError(
-                f"{path} is not a saved recurrent state: its safetensors header has no {_STATE_HEADER_KEY!r}"
-            )
+    try:
+        with safe_open(str(path), framework="pt", device="cpu" if device is None else str(device)) as file:
+            raw = (file.metadata() or {}).get(_STATE_HEADER_KEY)
+            if raw is None:
+                # Refused before reading any tensor: a weights file may be large.
+                raise ValueError(
+                    f"{path} is not a saved recurrent state: its safetensors header has no {_STATE_HEADER_KEY!r}"
+                )
+            tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 (no __iter__)
+    except SafetensorError as error:
+        raise ValueError(f"{path} is not a safetensors file: {error}") from None
+    try:
         header = json.loads(raw)
-        tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    except (ValueError, RecursionError) as error:
+        raise ValueError(f"{path} has a malformed state header ({_STATE_HEADER_KEY!r}): {error}") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path} has a malformed state header: a JSON {type(header).__name__}, not an object")
     if header.get("family") != family:
         raise ValueError(
             f"{path} holds a state of the {header.get('family')!r} family; this model family is {family!r}"
@@ -344,15 +362,53 @@ def _read_state_file(
     return tensors, header
 
 
-def _check_state_model_shape(saved: dict, expected: dict, source: object) -> None:
-    """Refuse a state saved by a model of another shape (backbone, layers, heads, sizes), naming every difference."""
+def _header_int(header: dict, name: str, source: object, minimum: int = 0) -> int:
+    """The whole number `header[name]`, refused unless it is one (not a bool, float or string) and >= `minimum`."""
+    value = header.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(
+            f"{source} has a malformed {name!r} in its header: {value!r}, expected an integer >= {minimum}"
+        )
+    return value
+
+
+def _check_finite(tensors: dict[str, torch.Tensor], source: object) -> None:
+    """Refuse NaN or infinite values, which no run of the model leaves in a state and which would reach the logits."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{source} has non-finite values (NaN or inf) in {name!r}")
+
+
+def _check_state_model_shape(found: dict, expected: dict, source: object) -> None:
+    """Refuse a state of another model shape (backbone, layers, heads, sizes), batch size or dtype than `expected`,
+    naming every difference in one error."""
+    found = found if isinstance(found, dict) else {}
     differences = [
-        f"{key}={saved.get(key)!r} (this model: {value!r})"
+        f"{key}={found.get(key)!r} ({'the input' if key == 'batch_size' else 'this model'}: {value!r})"
         for key, value in expected.items()
-        if saved.get(key) != value
+        if found.get(key) != value
     ]
     if differences:
-        raise ValueError(f"{source} was saved by a model of another shape: " + ", ".join(differences))
+        cast = "dtype" in expected and found.get("dtype") != expected["dtype"]
+        raise ValueError(
+            f"{source} does not fit this model: "
+            + ", ".join(differences)
+            + ("; cast the state with state.to(dtype=...) or load the model in the state's dtype" if cast else "")
+        )
+
+
+def _refuse_export(model: nn.Module) -> None:
+    """Raise when `model` runs under torch.export (and the dynamo ONNX exporter), TorchScript tracing or the
+    TorchScript ONNX exporter; torch.compile is not refused (it guards and recompiles where a trace would not)."""
+    if torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        # The window/segment plan (lengths, padding, packed documents, the state's fill) is made in Python from the
+        # input's values: an export fails on it, and a TorchScript trace fixes one input's plan into the graph,
+        # silently wrong for any other length.
+        raise RuntimeError(
+            f"{type(model).__name__} cannot be exported or traced (torch.export, torch.onnx.export, "
+            "torch.jit.trace): it plans its windows and the state it carries from the input's length, padding and "
+            "positions in Python, so a graph would hold one input's plan. Run it eagerly or under torch.compile"
+        )
 
 
 def _document_starts(position_ids: torch.Tensor | None, real: torch.Tensor, continuing: bool) -> torch.Tensor | None:
@@ -458,6 +514,10 @@ class RecurrentDecoderState:
     next one, with its `h_prev`), `with_overlap` (the columns re-read), then `append_step` (record the step); and
     `begin_documents` where a packed document starts. Rows advance independently, so a left-padded batch gives every
     row what it gets alone. Tensors keep their autograd history; `detach()` between calls truncates it.
+
+    A state holds what the model read: treat it (and a file written by `save()`, readable by its owner only) as you
+    would the text itself. A state is not thread-safe: every call updates it in place, so two threads must not run
+    the model on one state at once (give each thread its own state).
     """
 
     # generate() asks every cache whether it can be compiled.
@@ -515,6 +575,11 @@ class RecurrentDecoderState:
     @property
     def batch_size(self) -> int:
         return self.fill.shape[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the model this state runs with (its float tensors but the float32 pooled sum)."""
+        return self.h_prev.dtype
 
     @property
     def window_size(self) -> int:
@@ -587,15 +652,26 @@ class RecurrentDecoderState:
         with the weights that produced it; that is not checked.
         """
         tensors, header = _read_state_file(path, cls._family, device)
-        _check_state_model_shape(header.get("model_shape", {}), cls._config_model_shape(config), path)
+        _check_state_model_shape(header.get("model_shape"), cls._config_model_shape(config), path)
         return cls._from_file_contents(config, tensors, header, path)
 
     @classmethod
-    def adopt(cls, state: object, config: RecurrentDecoderConfig) -> "RecurrentDecoderState":
-        """`state` as an instance of this class: itself, or a state of the same family built by another copy of this
-        class (the installed package's vs the one loaded as Hub remote code), rebuilt from its tensors (not copied)."""
-        if isinstance(state, cls):
-            return state
+    def adopt(
+        cls, state: object, config: RecurrentDecoderConfig, batch_size: int, dtype: torch.dtype
+    ) -> "RecurrentDecoderState":
+        """`state` as an instance of this class, checked to fit a model with `config` reading `batch_size` rows in
+        `dtype` (every difference in one error): itself, or a state of the same family built by another copy of this
+        class (the installed package's vs the one loaded as Hub remote code), rebuilt from its tensors (not copied)
+        and checked as a file is."""
+        if not isinstance(state, cls):
+            state = cls._adopt_other_copy(state, config)
+        found = {**state._model_shape(), "batch_size": state.batch_size, "dtype": state.dtype}
+        expected = {**cls._config_model_shape(config), "batch_size": batch_size, "dtype": dtype}
+        _check_state_model_shape(found, expected, STATE_NAME)
+        return state
+
+    @classmethod
+    def _adopt_other_copy(cls, state: object, config: RecurrentDecoderConfig) -> "RecurrentDecoderState":
         if type(state).__name__ != cls.__name__ or getattr(state, "_family", None) != cls._family:
             # PEFT prefix tuning is the usual source of a transformers Cache here: it pre-fills one with its
             # virtual tokens, which a state bounded by one window has no place for.
@@ -607,7 +683,7 @@ class RecurrentDecoderState:
             )
         tensors, header = state._file_contents()
         source = f"the {type(state).__module__} state"
-        _check_state_model_shape(header.get("model_shape", {}), cls._config_model_shape(config), source)
+        _check_state_model_shape(header.get("model_shape"), cls._config_model_shape(config), source)
         return cls._from_file_contents(config, tensors, header, source)
 
     def next_step(self, real: torch.Tensor) -> tuple[torch.Tensor | None, int, int]:
@@ -751,47 +827,53 @@ class RecurrentDecoderState:
         tensors = {name: getattr(self, name) for name in self._BATCH_TENSORS}
         for i, (key, value) in enumerate(zip(self.keys, self.values, strict=True)):
             tensors[f"keys.{i}"], tensors[f"values.{i}"] = key, value
-        key = self.keys[0]  # (batch, kv_heads, slots, head_dim)
         header = {
             "family": self._family,
             "window_size": self.window_size,
             "window_overlap": self.window_overlap,
             "seen_tokens": self.seen_tokens,
             "lockstep": self._lockstep,
-            "model_shape": {
-                "backbone": self._backbone,
-                "layers": len(self.keys),
-                "key_value_heads": key.shape[1],
-                "head_dim": key.shape[3],
-                "hidden_size": self.h_prev.shape[1],
-            },
+            "model_shape": self._model_shape(),
         }
         return tensors, header
+
+    def _model_shape(self) -> dict:
+        """The backbone and sizes of the model this state's tensors come from, as `_config_model_shape` gives them."""
+        key = self.keys[0]  # (batch, kv_heads, slots, head_dim)
+        return {
+            "backbone": self._backbone,
+            "layers": len(self.keys),
+            "key_value_heads": key.shape[1],
+            "head_dim": key.shape[3],
+            "hidden_size": self.h_prev.shape[1],
+        }
 
     @classmethod
     def _from_file_contents(
         cls, config: RecurrentDecoderConfig, tensors: dict[str, torch.Tensor], header: dict, source: object
     ) -> "RecurrentDecoderState":
         """The state that `_file_contents` described, checked tensor by tensor against a fresh one's shapes."""
+        window_size = _header_int(header, "window_size", source, minimum=1)
+        window_overlap = _header_int(header, "window_overlap", source)
+        seen_tokens = _header_int(header, "seen_tokens", source)
         try:
-            window_size, window_overlap = header["window_size"], header["window_overlap"]
             batch = tensors["fill"].shape[0]
             layers = config.text_config.num_hidden_layers
             keys = [tensors[f"keys.{i}"] for i in range(layers)]
             values = [tensors[f"values.{i}"] for i in range(layers)]
         except KeyError as error:
             raise ValueError(f"{source} is not a complete recurrent state: it lacks {error}") from None
-        state = cls(
-            config,
-            batch,
-            tensors["fill"].device,
-            keys[0].dtype,
-            window_size=window_size,
-            window_overlap=window_overlap,
-        )
+        fill = tensors["fill"]
+        try:
+            state = cls(
+                config, batch, fill.device, keys[0].dtype, window_size=window_size, window_overlap=window_overlap
+            )
+        except ValueError as error:
+            raise ValueError(f"{source} cannot run with this model: {error}") from None
         slots = tensors["slot_valid"].shape[1] if "slot_valid" in tensors else 0
         for name in cls._BATCH_TENSORS:
-            fresh, given = getattr(state, name), tensors.get(name)
+            fresh = getattr(state, name)
+            given = tensors.get(name)
             expected = (batch, slots) if name == "slot_valid" else fresh.shape
             if given is None or given.shape != expected or given.dtype != fresh.dtype:
                 raise ValueError(
@@ -801,22 +883,57 @@ class RecurrentDecoderState:
             setattr(state, name, given)
         expected_cache = (batch, state.keys[0].shape[1], slots, state.keys[0].shape[3])
         for name, cache in (("keys", keys), ("values", values)):
-            if any(t.shape != expected_cache for t in cache):
+            if any(t.shape != expected_cache or t.dtype != state.dtype for t in cache):
                 raise ValueError(
-                    f"{source} has {name} of shapes {[tuple(t.shape) for t in cache]}, expected {expected_cache}"
+                    f"{source} has {name} of shapes {[tuple(t.shape) for t in cache]} and dtypes "
+                    f"{sorted({str(t.dtype) for t in cache})}, expected {expected_cache} {state.dtype}"
                 )
         state.keys, state.values = keys, values
-        state.seen_tokens = int(header.get("seen_tokens", 0))
+        state.seen_tokens = seen_tokens
+        state._check_values(source)
         lockstep = header.get("lockstep")
         if lockstep is not None:
+            if not (
+                isinstance(lockstep, list | tuple)
+                and len(lockstep) == 2
+                and all(isinstance(n, int) and not isinstance(n, bool) for n in lockstep)
+            ):
+                raise ValueError(f"{source} has a malformed 'lockstep' in its header: {lockstep!r}")
             fill, window_index = lockstep
             if not (bool((state.fill == fill).all()) and bool((state.window_index == window_index).all())):
                 raise ValueError(
                     f"{source} claims every row at fill {fill} of window {window_index}, which its rows are not"
                 )
-            lockstep = (fill, window_index)
-        state._lockstep = lockstep
+            state._lockstep = (fill, window_index)
+        else:
+            state._lockstep = None
         return state
+
+    def _check_values(self, source: object) -> None:
+        """Refuse what no run of the model leaves in a state: non-finite tensors, window counters outside the window
+        or inconsistent with the cache and with `seen_tokens`."""
+        tensors, _ = self._file_contents()
+        _check_finite(tensors, source)
+        size, overlap = self.window_size, self.window_overlap
+        if bool(((self.fill < 0) | (self.fill > size)).any()) or bool((self.window_index < 0).any()):
+            raise ValueError(
+                f"{source} has 'fill' {self.fill.tolist()} or 'window_index' {self.window_index.tolist()} outside "
+                f"the window (0 <= fill <= window_size={size}, window_index >= 0)"
+            )
+        if not torch.equal(self.slot_valid.sum(1), self.fill):
+            raise ValueError(
+                f"{source} has 'fill' {self.fill.tolist()} but {self.slot_valid.sum(1).tolist()} valid cache slots "
+                "('slot_valid')"
+            )
+        # Tokens each row has read at least: its first window, then window_size - window_overlap new ones per window.
+        read = torch.where(
+            self.window_index > 0, size + (self.window_index - 1) * (size - overlap) + self.fill - overlap, self.fill
+        )
+        if bool((read > self.seen_tokens).any()):
+            raise ValueError(
+                f"{source} has 'seen_tokens'={self.seen_tokens}, fewer than its rows have read ({read.tolist()}, from "
+                "'window_index' and 'fill')"
+            )
 
     def __repr__(self) -> str:
         return (
@@ -825,6 +942,37 @@ class RecurrentDecoderState:
             f"fill={self.fill.tolist()}, window_index={self.window_index.tolist()}, "
             f"cache_slots={self.slot_valid.shape[1]})"
         )
+
+
+# The fields every model of the core returns besides its own, as its output's docstring describes them.
+_SHARED_OUTPUTS_DOC = """        past_key_values ([`RecurrentDecoderState`], *optional*):
+            State to continue from, returned when `use_cache=True`; the field is named `cache` from transformers 5.24
+            on (`past_key_values` still reads it there).
+        hidden_states (`tuple(torch.FloatTensor)`, *optional*):
+            Embedding output and every layer's output (the last after the final norm), `(batch_size,
+            sequence_length, hidden_size)` each.
+        attentions (`tuple(torch.FloatTensor)`, *optional*):
+            Every layer's attention weights, `(batch_size, num_heads, sequence_length, 1 + window_size)` each:
+            column 0 is `h_prev` (zero outside the insertion layer and in a row's first window), column `1 + j` is
+            position `j` of the query's own window. Rows of padding positions are zero.
+    """
+
+
+def _model_output_class(name: str, doc: str, fields: dict[str, object]) -> type[ModelOutput]:
+    """A ModelOutput dataclass with `fields` (name -> annotation, each defaulting to None), then the state and
+    `hidden_states` / `attentions`. The state's field takes the installed transformers' name: a dataclass's field
+    names are fixed when the class is made, and transformers 5.24's generate() reads `outputs.cache`."""
+    shared = {
+        STATE_NAME: RecurrentDecoderState | None,
+        "hidden_states": tuple[torch.FloatTensor, ...] | None,
+        "attentions": tuple[torch.FloatTensor, ...] | None,
+    }
+    return make_dataclass(
+        name,
+        [(key, kind, field(default=None)) for key, kind in {**fields, **shared}.items()],
+        bases=(ModelOutput,),
+        namespace={"__doc__": doc + _SHARED_OUTPUTS_DOC, "__module__": __name__},
+    )
 
 
 RecurrentDecoderCausalLMOutput = _model_output_class(
@@ -836,30 +984,28 @@ RecurrentDecoderCausalLMOutput = _model_output_class(
         logits (`torch.FloatTensor` of shape `(batch_size, kept_positions, vocab_size)`, *optional*):
             Next-token scores from the backbone's own head. Omitted when `labels` is given in training mode, unless
             `return_logits=True`.
-        past_key_values ([`RecurrentDecoderState`], *optional*):
-            State to continue from, returned when `use_cache=True`; the field is named `cache` from transformers 5.24
-            on (`past_key_values` still reads it there).
-        hidden_states (`tuple(torch.FloatTensor)`, *optional*):
-            Embedding output and every layer's output (the last after the final norm), `(batch_size,
-            sequence_length, hidden_size)` each.
-        attentions (`tuple(torch.FloatTensor)`, *optional*):
-            Every layer's attention weights, `(batch_size, num_heads, sequence_length, 1 + window_size)` each:
-            column 0 is `h_prev` (zero outside the insertion layer and in a row's first window), column `1 + j` is
-            position `j` of the query's own window. Rows of padding positions are zero.
-    """,
-    {
-        "loss": torch.FloatTensor | None,
-        "logits": torch.FloatTensor | None,
-        "past_key_values": RecurrentDecoderState | None,
-        "hidden_states": tuple[torch.FloatTensor, ...] | None,
-        "attentions": tuple[torch.FloatTensor, ...] | None,
-    },
+""",
+    {"loss": torch.FloatTensor | None, "logits": torch.FloatTensor | None},
+)
+
+
+RecurrentDecoderModelOutput = _model_output_class(
+    "RecurrentDecoderModelOutput",
+    """
+    Args:
+        last_hidden_state (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`):
+            Every input position's output of the last layer, after the backbone's final norm (as the stock base
+            model's), each from the window in which the position is new.
+""",
+    {"last_hidden_state": torch.FloatTensor | None},
 )
 
 
 @dataclass
 class _StepOutput:
-    logits: torch.Tensor | None  # (batch, kept, vocab) the head's scores of the step's kept columns
+    # The causal LM's scores of the step's kept columns, (batch, kept, vocab), or the bare model's final hidden
+    # states of its new columns, (batch, new, hidden); None where a step head consumed it.
+    result: torch.Tensor | None
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     pooled: torch.Tensor  # (batch, hidden) float32 layer-weighted sum over the step's real positions
@@ -869,7 +1015,7 @@ class _StepOutput:
 
     def flat(self) -> tuple[torch.Tensor | None, ...]:
         return (
-            self.logits,
+            self.result,
             self.pooled,
             self.head,
             *self.keys,
@@ -880,12 +1026,12 @@ class _StepOutput:
 
     @classmethod
     def from_flat(cls, flat: tuple[torch.Tensor | None, ...], num_layers: int, settings: "_StepSettings"):
-        logits, pooled, head = flat[:3]
+        result, pooled, head = flat[:3]
         keys, values = list(flat[3 : 3 + num_layers]), list(flat[3 + num_layers : 3 + 2 * num_layers])
         rest = flat[3 + 2 * num_layers :]
         all_hidden = rest[: num_layers + 1] if settings.output_hidden_states else None
         attentions = rest[-num_layers:] if settings.output_attentions else None
-        return cls(logits, keys, values, pooled, all_hidden, head, attentions)
+        return cls(result, keys, values, pooled, all_hidden, head, attentions)
 
 
 @dataclass(frozen=True)
@@ -897,7 +1043,7 @@ class _StepSettings:
     # The step columns whose logits the backbone's head computes: an int keeps the last ones, a 1D tensor those
     # indices (empty: none); None computes no logits.
     logits_to_keep: int | torch.Tensor | None
-    step_head: Callable | None  # run on the step's logits and targets (a window's loss)
+    step_head: Callable | None  # run on the step's result and targets (a window's loss)
     output_hidden_states: bool
     output_attentions: bool
     # Known on the host when the rows are in lockstep (None: read from the step's tensors): whether the rows have
@@ -920,9 +1066,10 @@ class _WindowsRun:
     output_hidden_states: bool
     output_attentions: bool
 
-    def logits(self) -> torch.Tensor:
-        """(batch, kept, vocab) the kept positions' logits, in input order."""
-        return torch.cat([s.logits for s in self.steps], dim=1)
+    def results(self) -> torch.Tensor:
+        """The steps' results joined in input order: (batch, kept, vocab) logits of the kept positions (causal LM),
+        or (batch, length, hidden) final hidden states (bare model)."""
+        return torch.cat([s.result for s in self.steps], dim=1)
 
     def head_outputs(self) -> list[torch.Tensor]:
         """What the step head returned, one per step."""
@@ -973,35 +1120,39 @@ class _KeptColumns:
         return inside - start + reread
 
 
-class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
-    """A stock transformers decoder (`backbone`) that reads text window by window with the paper's recurrence.
+# What the stock base model is called in a stock checkpoint: `transformer` for GPT-2, `model` for the other families.
+STOCK_BASE_PREFIXES = ("model", "transformer")
 
-    `from_pretrained(<a stock checkpoint of a supported family>, window_size=..., window_overlap=...,
-    insertion_layer=...)` loads every stock weight unchanged; only `recurrence.*` is new. Saved checkpoints keep the
-    stock layout (`model.*`, `lm_head.*`) plus `recurrence.*`.
 
-    Example:
+def _stock_layout_renamings(
+    backbone_path: str,
+    prefixes: tuple[str, ...] = STOCK_BASE_PREFIXES,
+    recurrence_path: str = "recurrence",
+    saved_recurrence: str = "recurrence",
+) -> list[WeightRenaming]:
+    """Renamings from the stock layout on disk (the base model under one of `prefixes`, plus `recurrence.*`) to a model
+    whose stock base model sits at `backbone_path` and recurrence at `recurrence_path`; transformers reverses them on
+    save, so checkpoints keep the stock layout. A key already naming the recurrence under a prefix is left alone."""
+    renamings = [
+        WeightRenaming(source_patterns=rf"^{prefix}\.(?!recurrence\.)", target_patterns=f"{backbone_path}.")
+        for prefix in prefixes
+    ]
+    if recurrence_path != saved_recurrence:
+        renamings.append(
+            WeightRenaming(source_patterns=rf"^{saved_recurrence}\.", target_patterns=f"{recurrence_path}.")
+        )
+    return renamings
 
-    ```python
-    >>> import torch
-    >>> from transformers import LlamaConfig
-    >>> from hf_recurrence import RecurrentDecoderConfig, RecurrentDecoderForCausalLM
 
-    >>> backbone = LlamaConfig(
-    ...     vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-    ...     num_key_value_heads=2, max_position_embeddings=32,
-    ... )
-    >>> config = RecurrentDecoderConfig(text_config=backbone, window_size=16, insertion_layer=1)
-    >>> model = RecurrentDecoderForCausalLM(config)
-    >>> ids = torch.randint(0, 100, (2, 100))  # 7 windows, far past max_position_embeddings
-    >>> model(ids, labels=ids).loss.shape
-    torch.Size([])
-
-    ```
-    """
+class RecurrentDecoderPreTrainedModel(PreTrainedModel):
+    """What every model of the recurrence core shares: its config, the attention implementations the recurrence runs
+    on, weight initialisation, gradient checkpointing of whole window steps, and its states."""
 
     config_class = RecurrentDecoderConfig
     state_class = RecurrentDecoderState
+    # The named families' checkpoints keep the recurrence inside the stock base model (`model.recurrence.*`,
+    # `transformer.recurrence.*`), where their hand-written models had it.
+    recurrence_saved_in_base_model = False
     base_model_prefix = "backbone"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
@@ -1009,12 +1160,95 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
     # Buffers that old GPT-2 checkpoints still carry.
     _keys_to_ignore_on_load_unexpected = [r"\.attn\.masked_bias$", r"\.attn\.bias$"]
 
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # generate() must not hand us a DynamicCache: the model creates and returns its own RecurrentDecoderState.
+        return False
+
+    def _check_and_adjust_attn_implementation(
+        self, attn_implementation: str | None, is_init_check: bool = False, allow_all_kernels: bool = False
+    ) -> str | None:
+        # Only attention that takes an arbitrary per-row mask over extra keys can carry h_prev and the window cache.
+        if attn_implementation is None:
+            return None
+        name = attn_implementation.removeprefix(RECURRENT_PREFIX)
+        self._check_inner_attention(name)
+        return super()._check_and_adjust_attn_implementation(name, is_init_check, allow_all_kernels)
+
+    def _check_inner_attention(self, name: str) -> None:
+        """Raise `ValueError` unless the recurrence can run on the attention implementation `name`."""
+        if name not in INNER_ATTENTIONS:
+            raise ValueError(
+                f"attn_implementation={name!r} cannot carry the recurrence of {type(self).__name__} over a "
+                f"{self.config.text_config.model_type!r} backbone: h_prev and the window cache need a custom per-row "
+                f"attention mask, which flash, flex and kernel attention do not take; use one of {list(INNER_ATTENTIONS)}"
+            )
+
+    def set_attn_implementation(self, attn_implementation: str | dict, allow_all_kernels: bool = False) -> None:
+        # transformers would also give the backbones the plain name: stock models without the recurrence.
+        super().set_attn_implementation(attn_implementation, allow_all_kernels)
+        for module in self.modules():
+            if isinstance(module, RecurrentDecoderWindowModel):
+                module._bind_attention()
+
+    def _set_gradient_checkpointing(self, *args, **kwargs) -> None:
+        super()._set_gradient_checkpointing(*args, **kwargs)
+        # Whole window steps are recomputed (`RecurrentDecoderWindowStep`); the stock layers inside need not be.
+        for module in self.modules():
+            if hasattr(module, "gradient_checkpointing") and not isinstance(module, RecurrentDecoderWindowStep):
+                module.gradient_checkpointing = False
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, RecurrentDecoderRecurrence):
+            # Equal layer weights to start with: the summary is the plain mean over layers.
+            init.zeros_(module.layer_weight_logits)
+
+    def _keep_stock_layout(self, base_model: PreTrainedModel, backbone_path: str, recurrence_path: str) -> None:
+        """Save in the stock layout of `base_model`'s family. transformers reverses the class's renamings on save,
+        but two stock prefixes (`model`, `transformer`) map to the same name here, so the reverse would be ambiguous:
+        the model records the renaming of its own backbone (from_pretrained replaces it with those the checkpoint
+        used)."""
+        prefix = base_model.base_model_prefix
+        saved = f"{prefix}.recurrence" if self.recurrence_saved_in_base_model else "recurrence"
+        self._weight_conversions = _stock_layout_renamings(backbone_path, (prefix,), recurrence_path, saved)
+
+    def new_state(
+        self, batch_size: int, window_size: int | None = None, window_overlap: int | None = None
+    ) -> RecurrentDecoderState:
+        """A fresh state for `batch_size` rows on the model's device and dtype, to pass as `past_key_values`; its
+        window schedule defaults to the config's."""
+        weight = self.get_input_embeddings().weight
+        return self.state_class(
+            self.config,
+            batch_size,
+            weight.device,
+            weight.dtype,
+            window_size=window_size,
+            window_overlap=window_overlap,
+        )
+
+    def load_state(self, path: str | os.PathLike) -> RecurrentDecoderState:
+        """A state written by `RecurrentDecoderState.save`, read onto the model's device (see
+        `RecurrentDecoderState.load` for what is checked)."""
+        return self.state_class.load(path, self.config, self.device)
+
+
+class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
+    """The window loop over a stock backbone (`self.backbone`, which transformers builds from `config.text_config`
+    with `backbone_auto_class`), shared by [`RecurrentDecoderModel`] (over the stock base model) and
+    [`RecurrentDecoderForCausalLM`] (over the stock causal LM). They differ only in what the backbone returns for a
+    window step (`_run_backbone`)."""
+
+    backbone_auto_class: type
+
     def __init__(self, config: RecurrentDecoderConfig):
         super().__init__(config)
         check_backbone(config.text_config)
         config.check_recurrence_settings()
         # transformers' own class for the backbone; it shares `config.text_config`.
-        self.backbone = AutoModelForCausalLM.from_config(config.text_config)
+        self.backbone = self.backbone_auto_class.from_config(config.text_config)
         self._check_backbone_model()
         self.recurrence = RecurrentDecoderRecurrence(config)
         self.window_step = RecurrentDecoderWindowStep()
@@ -1022,8 +1256,6 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
         inner = self.config._attn_implementation or self.backbone.config._attn_implementation
         self.config._attn_implementation_internal = inner.removeprefix(RECURRENT_PREFIX)
         self._bind_attention()
-        # transformers picks the loss from the class-name suffix; set it so no lookup warns.
-        self.loss_type = "ForCausalLM"
         self.post_init()
 
     def _check_backbone_model(self) -> None:
@@ -1054,35 +1286,6 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
                     f"does not have the expected layout: {'; '.join(problems)}"
                 )
 
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        # generate() must not hand us a DynamicCache: the model creates and returns its own RecurrentDecoderState.
-        return False
-
-    def _check_and_adjust_attn_implementation(
-        self, attn_implementation: str | None, is_init_check: bool = False, allow_all_kernels: bool = False
-    ) -> str | None:
-        # Only attention that takes an arbitrary per-row mask over extra keys can carry h_prev and the window cache.
-        if attn_implementation is None:
-            return None
-        name = attn_implementation.removeprefix(RECURRENT_PREFIX)
-        self._check_inner_attention(name)
-        return super()._check_and_adjust_attn_implementation(name, is_init_check, allow_all_kernels)
-
-    def _check_inner_attention(self, name: str) -> None:
-        """Raise `ValueError` unless the recurrence can run on the attention implementation `name`."""
-        if name not in INNER_ATTENTIONS:
-            raise ValueError(
-                f"attn_implementation={name!r} cannot carry the recurrence of {type(self).__name__} over a "
-                f"{self.config.text_config.model_type!r} backbone: h_prev and the window cache need a custom per-row "
-                f"attention mask, which flash, flex and kernel attention do not take; use one of {list(INNER_ATTENTIONS)}"
-            )
-
-    def set_attn_implementation(self, attn_implementation: str | dict, allow_all_kernels: bool = False) -> None:
-        # transformers would also give the backbone the plain name: a stock model without the recurrence.
-        super().set_attn_implementation(attn_implementation, allow_all_kernels)
-        self._bind_attention()
-
     def _bind_attention(self) -> None:
         """Run the backbone under `recurrent_<inner>`, `<inner>` being this model's attention implementation.
 
@@ -1098,80 +1301,11 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
             self.backbone.get_correct_attn_implementation(inner)
             backbone_config._attn_implementation_internal = wanted
 
-    def _set_gradient_checkpointing(self, *args, **kwargs) -> None:
-        super()._set_gradient_checkpointing(*args, **kwargs)
-        # Whole window steps are recomputed (`RecurrentDecoderWindowStep`); the stock layers inside need not be.
-        for module in self.backbone.modules():
-            if hasattr(module, "gradient_checkpointing"):
-                module.gradient_checkpointing = False
-
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        super()._init_weights(module)
-        if isinstance(module, RecurrentDecoderRecurrence):
-            # Equal layer weights to start with: the summary is the plain mean over layers.
-            init.zeros_(module.layer_weight_logits)
-
     def get_input_embeddings(self) -> nn.Module:
         return self.backbone.get_input_embeddings()
 
     def set_input_embeddings(self, new_embeddings: nn.Module) -> None:
         self.backbone.set_input_embeddings(new_embeddings)
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.backbone.get_output_embeddings()
-
-    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
-        self.backbone.set_output_embeddings(new_embeddings)
-
-    def new_state(
-        self, batch_size: int, window_size: int | None = None, window_overlap: int | None = None
-    ) -> RecurrentDecoderState:
-        """A fresh state for `batch_size` rows on the model's device and dtype, to pass as `past_key_values`; its
-        window schedule defaults to the config's."""
-        weight = self.get_input_embeddings().weight
-        return self.state_class(
-            self.config,
-            batch_size,
-            weight.device,
-            weight.dtype,
-            window_size=window_size,
-            window_overlap=window_overlap,
-        )
-
-    def load_state(self, path: str | os.PathLike) -> RecurrentDecoderState:
-        """A state written by `RecurrentDecoderState.save`, read onto the model's device (see
-        `RecurrentDecoderState.load` for what is checked)."""
-        return self.state_class.load(path, self.config, self.device)
-
-    def _prepare_cache_for_generation(self, generation_config: GenerationConfig, model_kwargs: dict, *args, **kwargs):
-        # generate() would only warn that a cache_implementation "will be ignored" and run anyway.
-        if generation_config.cache_implementation is not None:
-            raise ValueError(
-                f"cache_implementation={generation_config.cache_implementation!r} cannot be honoured by "
-                f"{type(self).__name__}: the model carries its own recurrent state of bounded size (returned as "
-                f"{STATE_NAME}) instead of a transformers Cache, so there is no cache to choose. Remove "
-                "cache_implementation from the generate() call or from the generation config (generation_config.json)"
-            )
-        return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
-
-    def _get_stopping_criteria(self, *args, **kwargs) -> StoppingCriteriaList:
-        criteria = super()._get_stopping_criteria(*args, **kwargs)
-        for criterion in criteria:
-            if isinstance(criterion, MaxLengthCriteria):
-                # Positions restart in every window, so a text longer than max_position_embeddings is what this model
-                # is for: transformers' reminder that generation "exceeded the model's predefined maximum length"
-                # would be wrong.
-                criterion.max_position_embeddings = None
-        return criteria
-
-    def init_continuous_batching(self, *args, **kwargs):
-        # generate(cache_implementation="paged") and generate_batch() come here, past _prepare_cache_for_generation.
-        raise ValueError(
-            f"Continuous batching (cache_implementation='paged', generate_batch()) cannot be used with "
-            f"{type(self).__name__}: it needs a paged key/value cache, and the model carries its own recurrent state "
-            "instead. Call generate() without cache_implementation; batched prompts may be left-padded"
-        )
 
     def _step(
         self,
@@ -1209,15 +1343,15 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
             inserted_mask,
             h_prev if use_h_prev else None,
             getattr(layers[insertion_layer], norm) if norm is not None else nn.Identity(),
+            self._h_prev_rotation(h_prev) if use_h_prev else None,
             settings.output_attentions,
         )
-        keep = settings.logits_to_keep
-        out = self.backbone(
+        result, hidden_states = self._run_backbone(
+            settings,
             inputs_embeds=embeds,
             position_ids=positions,
             use_cache=False,
             output_hidden_states=True,
-            logits_to_keep=keep if keep is not None else torch.zeros(0, dtype=torch.long),
             recurrence=ctx,
             return_dict=True,
         )
@@ -1234,7 +1368,7 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
         real_weights = self.recurrence.layer_weights()[:, None, None, None] * real.float()[None, :, None, :]
         pooled = torch.zeros(embeds.shape[0], 1, embeds.shape[2], device=embeds.device)
         eps = getattr(self.config.text_config, "rms_norm_eps", None) or 1e-6
-        for i, layer_states in enumerate(out.hidden_states[1:]):  # layer outputs, the last after the final norm
+        for i, layer_states in enumerate(hidden_states[1:]):  # layer outputs, the last after the final norm
             states = layer_states.float()
             if self.config.normalize_pooled_states:
                 states = states * torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + eps)
@@ -1248,11 +1382,10 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
                 )
                 for weights, inserting in (ctx.weights[i] for i in range(num_layers))
             )
-        all_hidden = tuple(h[:, -num_new:] for h in out.hidden_states) if settings.output_hidden_states else None
-        logits = out.logits if keep is not None else None
-        head = settings.step_head(logits, targets) if settings.step_head is not None else None
+        all_hidden = tuple(h[:, -num_new:] for h in hidden_states) if settings.output_hidden_states else None
+        head = settings.step_head(result, targets) if settings.step_head is not None else None
         return _StepOutput(
-            None if settings.step_head is not None else logits,
+            None if settings.step_head is not None else result,
             [ctx.keys[i] for i in range(num_layers)],
             [ctx.values[i] for i in range(num_layers)],
             pooled[:, 0],
@@ -1260,6 +1393,25 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
             head,
             attentions,
         )
+
+    def _run_backbone(self, settings: _StepSettings, **inputs) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...]]:
+        """Run the backbone over one window step (`inputs`: its forward's keyword arguments); return the step's result
+        (see `_StepOutput.result`) and every hidden state, (batch, cols, hidden) each."""
+        raise NotImplementedError
+
+    def _h_prev_rotation(self, h_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rotation (cos, sin) of the `h_prev` key, (batch, 1, rotary_dim) each, per `h_prev_rope_position`: the
+        backbone's own rotary embedding of the insertion layer at that window position. None leaves it unrotated."""
+        position = self.config.h_prev_rope_position
+        if position is None:
+            return None
+        rotary = self.backbone.base_model.rotary_emb
+        positions = torch.full((h_prev.shape[0], 1), position, dtype=torch.long, device=h_prev.device)
+        kwargs = {}
+        if "layer_type" in inspect.signature(rotary.forward).parameters:
+            # One rotary module for several layer types, each with its own base (Gemma3: local and global layers).
+            kwargs["layer_type"] = self.config.text_config.layer_types[self.config.insertion_layer]
+        return rotary(h_prev, positions, **kwargs)
 
     def _next_h_prev(self, state: RecurrentDecoderState) -> torch.Tensor:
         """(batch, hidden) the `h_prev` of each row's next window: its current window's summary through the FFN
@@ -1344,13 +1496,6 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
             start = stop
         return steps
 
-    def _output_flags(self, output_hidden_states: bool | None, output_attentions: bool | None) -> tuple[bool, bool]:
-        """The call's values, else the config's."""
-        return (
-            bool(output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states),
-            bool(output_attentions if output_attentions is not None else self.config.output_attentions),
-        )
-
     def _prepare(
         self,
         input_ids: torch.LongTensor | None,
@@ -1379,9 +1524,7 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
         if state is None:
             state = self.state_class(self.config, batch, inputs_embeds.device, inputs_embeds.dtype)
         else:
-            state = self.state_class.adopt(state, self.config)
-            if state.batch_size != batch:
-                raise ValueError(f"{STATE_NAME} holds {state.batch_size} rows but the input has batch size {batch}")
+            state = self.state_class.adopt(state, self.config, batch, inputs_embeds.dtype)
             self.config.check_window_schedule(state.window_size, state.window_overlap)
         if attention_mask is None:
             real = torch.ones(batch, length, dtype=torch.bool, device=inputs_embeds.device)
@@ -1398,6 +1541,91 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
         # position_ids parameter, and generate() builds none); given ones only mark where packed documents start.
         document_starts = _document_starts(kwargs.get("position_ids"), real, continuing)
         return inputs_embeds, real, document_starts, state
+
+    def _output_flags(self, output_hidden_states: bool | None, output_attentions: bool | None) -> tuple[bool, bool]:
+        """The call's values, else the config's."""
+        return (
+            bool(output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states),
+            bool(output_attentions if output_attentions is not None else self.config.output_attentions),
+        )
+
+
+class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
+    """A stock transformers decoder (`backbone`) that reads text window by window with the paper's recurrence.
+
+    `from_pretrained(<a stock checkpoint of a supported family>, window_size=..., window_overlap=...,
+    insertion_layer=...)` loads every stock weight unchanged; only `recurrence.*` is new. Saved checkpoints keep the
+    stock layout (`model.*`, `lm_head.*`) plus `recurrence.*`.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from transformers import LlamaConfig
+    >>> from hf_recurrence import RecurrentDecoderConfig, RecurrentDecoderForCausalLM
+
+    >>> backbone = LlamaConfig(
+    ...     vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    ...     num_key_value_heads=2, max_position_embeddings=32,
+    ... )
+    >>> config = RecurrentDecoderConfig(text_config=backbone, window_size=16, insertion_layer=1)
+    >>> model = RecurrentDecoderForCausalLM(config)
+    >>> ids = torch.randint(0, 100, (2, 100))  # 7 windows, far past max_position_embeddings
+    >>> model(ids, labels=ids).loss.shape
+    torch.Size([])
+
+    ```
+    """
+
+    backbone_auto_class = AutoModelForCausalLM
+
+    def __init__(self, config: RecurrentDecoderConfig):
+        super().__init__(config)
+        # transformers picks the loss from the class-name suffix; set it so no lookup warns.
+        self.loss_type = "ForCausalLM"
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.backbone.get_output_embeddings()
+
+    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
+        self.backbone.set_output_embeddings(new_embeddings)
+
+    def _get_stopping_criteria(self, *args, **kwargs) -> StoppingCriteriaList:
+        criteria = super()._get_stopping_criteria(*args, **kwargs)
+        for criterion in criteria:
+            if isinstance(criterion, MaxLengthCriteria):
+                # Positions restart in every window, so a text longer than max_position_embeddings is what this model
+                # is for: transformers' reminder that generation "exceeded the model's predefined maximum length"
+                # would be wrong.
+                criterion.max_position_embeddings = None
+        return criteria
+
+    def _prepare_cache_for_generation(self, generation_config: GenerationConfig, model_kwargs: dict, *args, **kwargs):
+        # generate() would only warn that a cache_implementation "will be ignored" and run anyway.
+        if generation_config.cache_implementation is not None:
+            raise ValueError(
+                f"cache_implementation={generation_config.cache_implementation!r} cannot be honoured by "
+                f"{type(self).__name__}: the model carries its own recurrent state of bounded size (returned as "
+                f"{STATE_NAME}) instead of a transformers Cache, so there is no cache to choose. Remove "
+                "cache_implementation from the generate() call or from the generation config (generation_config.json)"
+            )
+        return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+
+    def init_continuous_batching(self, *args, **kwargs):
+        # generate(cache_implementation="paged") and generate_batch() come here, past _prepare_cache_for_generation.
+        raise ValueError(
+            f"Continuous batching (cache_implementation='paged', generate_batch()) cannot be used with "
+            f"{type(self).__name__}: it needs a paged key/value cache, and the model carries its own recurrent state "
+            "instead. Call generate() without cache_implementation; batched prompts may be left-padded"
+        )
+
+    def _run_backbone(self, settings: _StepSettings, **inputs) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...]]:
+        """The stock causal LM's logits of the step's kept columns, from its own head (Gemma2's final soft-cap
+        included), (batch, kept, vocab), or None when none are asked for; and every hidden state."""
+        keep = settings.logits_to_keep
+        # An empty tensor of positions keeps none (0 would keep all), so the head computes nothing.
+        out = self.backbone(**inputs, logits_to_keep=keep if keep is not None else torch.zeros(0, dtype=torch.long))
+        return (out.logits if keep is not None else None), out.hidden_states
 
     def _targets(
         self,
@@ -1526,7 +1754,7 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
         if loss_per_window:
             loss = torch.stack(run.head_outputs()).sum()
         elif keep_logits:
-            logits = run.logits()
+            logits = run.results()
             if kept.order is not None:
                 logits = logits[:, kept.order]
             loss = self._loss(logits, shift_labels, num_items) if shift_labels is not None else None
@@ -1534,15 +1762,121 @@ class RecurrentDecoderForCausalLM(PreTrainedModel, GenerationMixin):
         return output if return_dict is not False else output.to_tuple()
 
 
+class RecurrentDecoderModel(RecurrentDecoderWindowModel):
+    """The stock base model of a supported decoder family (`backbone`, e.g. `LlamaModel`) that reads text window by
+    window with the paper's recurrence; returns every position's final hidden state (after the final norm), the state
+    to continue from, and on request every layer's hidden states and attention weights.
+
+    `from_pretrained(<a stock checkpoint>)` loads its `model.*` (GPT-2: `transformer.*`) weights into the backbone;
+    only `recurrence.*` is new. Saved checkpoints keep that layout, so this model and [`RecurrentDecoderForCausalLM`]
+    load each other's checkpoints.
+    """
+
+    backbone_auto_class = AutoModel
+
+    def __init__(self, config: RecurrentDecoderConfig):
+        super().__init__(config)
+        self._keep_stock_layout(self.backbone, "backbone", "recurrence")
+
+    def _run_backbone(self, settings: _StepSettings, **inputs) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...]]:
+        """The stock base model's final hidden states of the step's new columns, (batch, new, hidden), and every
+        hidden state."""
+        out = self.backbone(**inputs)
+        return out.last_hidden_state[:, -settings.num_new :], out.hidden_states
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: RecurrentDecoderState | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        cache: RecurrentDecoderState | None = None,
+        **kwargs,
+    ) -> RecurrentDecoderModelOutput:
+        r"""
+        The arguments of [`RecurrentDecoderForCausalLM.forward`] without the language-modelling ones (`labels`,
+        `shift_labels`, `num_items_in_batch`, `return_logits`, `logits_to_keep`). The state (`past_key_values`, or
+        `cache` from transformers 5.24 on) may come from either model with the same weights: the input continues its
+        text exactly.
+        """
+        embeds, real, document_starts, state = self._prepare(
+            input_ids, attention_mask, _given_state(past_key_values, cache), inputs_embeds, kwargs
+        )
+        output_hidden_states, output_attentions = self._output_flags(output_hidden_states, output_attentions)
+        steps = self._forward_windows(
+            embeds, real, document_starts, state, None, None, None, output_hidden_states, output_attentions
+        )
+        run = _WindowsRun(state, steps, output_hidden_states, output_attentions)
+        output = RecurrentDecoderModelOutput(last_hidden_state=run.results(), **run.outputs(use_cache))
+        return output if return_dict is not False else output.to_tuple()
+
+
+class RecurrentDecoderForSequenceClassification(GenericForSequenceClassification, RecurrentDecoderPreTrainedModel):
+    """[`RecurrentDecoderModel`] with a linear classifier on the last non-padding token (transformers' generic
+    sequence-classification head, as the stock Llama's, Qwen's, GPT-2's), so a document of any length is classified
+    after reading all of it window by window. A stock `XForSequenceClassification` checkpoint loads unchanged, only
+    `recurrence.*` new.
+
+    A long document may also be read in pieces: pass each call's state (`past_key_values`, `cache` from transformers
+    5.24 on) to the next and take the logits of the last call. As with the stock heads, a batch of more than one row
+    needs the backbone's `pad_token_id` (padding is found by it, on either side).
+    """
+
+    base_model_prefix = "model"
+    base_model_class = RecurrentDecoderModel
+
+    def __init__(self, config: RecurrentDecoderConfig):
+        # The generic head builds its base model with AutoModel, which remote code cannot resolve: build ours here.
+        RecurrentDecoderPreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = self.base_model_class(config)
+        self.score = nn.Linear(config.text_config.hidden_size, config.num_labels, bias=False)
+        self._keep_stock_layout(self.model.backbone, "model.backbone", "model.recurrence")
+        self.post_init()
+
+
+class RecurrentDecoderForTokenClassification(GenericForTokenClassification, RecurrentDecoderPreTrainedModel):
+    """[`RecurrentDecoderModel`] with a linear classifier on every token's final hidden state (transformers' generic
+    token-classification head, as the stock Llama's and Qwen's, whose checkpoints load unchanged), for inputs of any
+    length."""
+
+    base_model_prefix = "model"
+    base_model_class = RecurrentDecoderModel
+
+    def __init__(self, config: RecurrentDecoderConfig):
+        RecurrentDecoderPreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = self.base_model_class(config)
+        text = config.text_config
+        # As the generic head reads its dropout and bias, from the backbone's config here.
+        dropout = next(
+            (
+                p
+                for p in (getattr(text, "classifier_dropout", None), getattr(text, "hidden_dropout", None))
+                if p is not None
+            ),
+            0.1,
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.score = nn.Linear(
+            text.hidden_size, config.num_labels, bias=getattr(text, "token_classification_bias", True)
+        )
+        self._keep_stock_layout(self.model.backbone, "model.backbone", "model.recurrence")
+        self.post_init()
+
+
 class RecurrentGPT2State(RecurrentDecoderState):
-    """The state of a [`RecurrentGPT2LMHeadModel`], whose files name the `recurrent_gpt2` family as they always have."""
+    """The state of the recurrent GPT-2 models, whose files name the `recurrent_gpt2` family as they always have."""
 
     _family = "recurrent_gpt2"
 
 
 class RecurrentLlamaState(RecurrentDecoderState):
-    """The state of a [`RecurrentLlamaForCausalLM`], whose files name the `recurrent_llama` family as they always
-    have."""
+    """The state of the recurrent Llama models, whose files name the `recurrent_llama` family as they always have."""
 
     _family = "recurrent_llama"
 
@@ -1554,6 +1888,7 @@ class RecurrentGPT2LMHeadModel(RecurrentDecoderForCausalLM):
 
     config_class = RecurrentGPT2Config
     state_class = RecurrentGPT2State
+    recurrence_saved_in_base_model = True
 
     @property
     def transformer(self) -> nn.Module:
@@ -1569,6 +1904,7 @@ class RecurrentLlamaForCausalLM(RecurrentDecoderForCausalLM):
 
     config_class = RecurrentLlamaConfig
     state_class = RecurrentLlamaState
+    recurrence_saved_in_base_model = True
 
     @property
     def model(self) -> nn.Module:
@@ -1581,33 +1917,118 @@ class RecurrentLlamaForCausalLM(RecurrentDecoderForCausalLM):
         return self.backbone.lm_head
 
 
-def _stock_layout(recurrence_under: str | None = None) -> list[WeightRenaming]:
-    """Checkpoints keep the stock layout: the backbone's `model.*` / `transformer.*` / `lm_head.*` on disk, under
-    `backbone.` in memory (reversed on save), so a stock checkpoint loads directly. The named families' recurrence
-    is saved inside their base model, at `<recurrence_under>.recurrence.*`, as it always was."""
+class RecurrentGPT2Model(RecurrentDecoderModel):
+    """[`RecurrentDecoderModel`] over GPT-2 under the recurrent GPT-2's name and config."""
+
+    # What the stock base model is called in the family's checkpoints.
+    stock_base_prefix = "transformer"
+    config_class = RecurrentGPT2Config
+    state_class = RecurrentGPT2State
+
+
+class RecurrentLlamaModel(RecurrentDecoderModel):
+    """[`RecurrentDecoderModel`] over Llama under the recurrent Llama's name and config."""
+
+    stock_base_prefix = "model"
+    config_class = RecurrentLlamaConfig
+    state_class = RecurrentLlamaState
+
+
+class RecurrentGPT2ForSequenceClassification(RecurrentDecoderForSequenceClassification):
+    """[`RecurrentDecoderForSequenceClassification`] over GPT-2, in the recurrent GPT-2's checkpoint layout."""
+
+    config_class = RecurrentGPT2Config
+    base_model_class = RecurrentGPT2Model
+    recurrence_saved_in_base_model = True
+
+
+class RecurrentGPT2ForTokenClassification(RecurrentDecoderForTokenClassification):
+    """[`RecurrentDecoderForTokenClassification`] over GPT-2, in the recurrent GPT-2's checkpoint layout."""
+
+    config_class = RecurrentGPT2Config
+    base_model_class = RecurrentGPT2Model
+    recurrence_saved_in_base_model = True
+
+
+class RecurrentLlamaForSequenceClassification(RecurrentDecoderForSequenceClassification):
+    """[`RecurrentDecoderForSequenceClassification`] over Llama, in the recurrent Llama's checkpoint layout."""
+
+    config_class = RecurrentLlamaConfig
+    base_model_class = RecurrentLlamaModel
+    recurrence_saved_in_base_model = True
+
+
+class RecurrentLlamaForTokenClassification(RecurrentDecoderForTokenClassification):
+    """[`RecurrentDecoderForTokenClassification`] over Llama, in the recurrent Llama's checkpoint layout."""
+
+    config_class = RecurrentLlamaConfig
+    base_model_class = RecurrentLlamaModel
+    recurrence_saved_in_base_model = True
+
+
+def _causal_lm_renamings(saved_recurrence: str = "recurrence") -> list[WeightRenaming]:
+    """From the stock causal-LM layout on disk (`model.*` / `transformer.*` / `lm_head.*`, the recurrence at
+    `saved_recurrence.*`) to the backbone under `backbone.`; transformers reverses them on save."""
     renamings = []
-    if recurrence_under is not None:
-        renamings.append(
-            WeightRenaming(source_patterns=rf"^{recurrence_under}\.recurrence\.", target_patterns="recurrence.")
-        )
+    if saved_recurrence != "recurrence":
+        renamings.append(WeightRenaming(source_patterns=rf"^{saved_recurrence}\.", target_patterns="recurrence."))
     for prefix in ("model", "transformer", "lm_head"):
         renamings.append(WeightRenaming(source_patterns=rf"^{prefix}\.", target_patterns=f"backbone.{prefix}."))
     return renamings
 
 
-for model_class, recurrence_under in (
-    (RecurrentDecoderForCausalLM, None),
-    (RecurrentGPT2LMHeadModel, "transformer"),
-    (RecurrentLlamaForCausalLM, "model"),
+# Checkpoints keep the stock layout: the backbone's `model.*` / `transformer.*` / `lm_head.*` on disk, under
+# `backbone.` (`model.backbone.` in the classification heads) in memory, reversed on save, so a stock checkpoint
+# loads directly. The named families keep their recurrence inside the base model, as before the core.
+register_checkpoint_conversion_mapping(
+    RecurrentDecoderModel.__name__, _stock_layout_renamings("backbone"), overwrite=True
+)
+for _model_class in (RecurrentGPT2Model, RecurrentLlamaModel):
+    register_checkpoint_conversion_mapping(
+        _model_class.__name__, _stock_layout_renamings("backbone", (_model_class.stock_base_prefix,)), overwrite=True
+    )
+for _head in (
+    RecurrentDecoderForSequenceClassification,
+    RecurrentDecoderForTokenClassification,
+    RecurrentGPT2ForSequenceClassification,
+    RecurrentGPT2ForTokenClassification,
+    RecurrentLlamaForSequenceClassification,
+    RecurrentLlamaForTokenClassification,
 ):
-    register_checkpoint_conversion_mapping(model_class.__name__, _stock_layout(recurrence_under), overwrite=True)
+    named = _head.recurrence_saved_in_base_model
+    prefixes = (_head.base_model_class.stock_base_prefix,) if named else STOCK_BASE_PREFIXES
+    register_checkpoint_conversion_mapping(
+        _head.__name__,
+        _stock_layout_renamings(
+            "model.backbone", prefixes, "model.recurrence", f"{prefixes[0]}.recurrence" if named else "recurrence"
+        ),
+        overwrite=True,
+    )
+for _model_class, _saved_recurrence in (
+    (RecurrentDecoderForCausalLM, "recurrence"),
+    (RecurrentGPT2LMHeadModel, "transformer.recurrence"),
+    (RecurrentLlamaForCausalLM, "model.recurrence"),
+):
+    register_checkpoint_conversion_mapping(
+        _model_class.__name__, _causal_lm_renamings(_saved_recurrence), overwrite=True
+    )
 
 
 __all__ = [
     "RecurrentDecoderForCausalLM",
+    "RecurrentDecoderForSequenceClassification",
+    "RecurrentDecoderForTokenClassification",
+    "RecurrentDecoderModel",
+    "RecurrentDecoderPreTrainedModel",
     "RecurrentDecoderState",
+    "RecurrentGPT2ForSequenceClassification",
+    "RecurrentGPT2ForTokenClassification",
     "RecurrentGPT2LMHeadModel",
+    "RecurrentGPT2Model",
     "RecurrentGPT2State",
     "RecurrentLlamaForCausalLM",
+    "RecurrentLlamaForSequenceClassification",
+    "RecurrentLlamaForTokenClassification",
+    "RecurrentLlamaModel",
     "RecurrentLlamaState",
 ]

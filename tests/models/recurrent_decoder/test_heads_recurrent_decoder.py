@@ -1,0 +1,237 @@
+"""The bare recurrence core (`RecurrentDecoderModel`, over the stock base model) and its sequence and token
+classification heads (transformers' generic heads), over a few rows of the backbone table: the first window is the
+stock base model, the state carries a document across calls, a left-padded row is the row alone, and stock
+classifier checkpoints load with only the recurrence new."""
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import (
+    AutoModel,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    PreTrainedModel,
+)
+
+from hf_recurrence import (
+    RecurrentDecoderConfig,
+    RecurrentDecoderForCausalLM,
+    RecurrentDecoderForSequenceClassification,
+    RecurrentDecoderForTokenClassification,
+    RecurrentDecoderModel,
+)
+
+from ...common import ACROSS_KERNELS, assert_loads_with_remote_code
+from ...families import BACKBONES, Backbone
+from ...test_classification_heads import assert_trainer_fine_tunes_the_sequence_head
+
+
+PAD = 0
+SETTINGS = {"window_size": 8, "insertion_layer": 1, "recurrence_hidden_sizes": [16]}
+# The same arithmetic in another order (per-call steps, another mask layout) moves float32 results by rounding only.
+ROUNDING = {"rtol": 1e-5, "atol": 1e-5}
+ROWS = [backbone for backbone in BACKBONES if backbone.name in ("llama", "qwen3", "gemma3_text", "gpt2")]
+by_backbone = pytest.mark.parametrize("backbone", ROWS, ids=[backbone.name for backbone in ROWS])
+
+
+def core(backbone: Backbone, model_class: type[PreTrainedModel], **settings) -> PreTrainedModel:
+    """`model_class` over the backbone, with recurrence weights large enough that h_prev matters, in eval mode."""
+    torch.manual_seed(0)
+    config = RecurrentDecoderConfig(text_config=backbone.text_config(), num_labels=3, **{**SETTINGS, **settings})
+    model = model_class(config).eval()
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "recurrence." in name:
+                parameter.normal_(0, 0.5, generator=generator)
+    return model
+
+
+def document(length: int = 30) -> torch.Tensor:
+    """(2, length) ids past the 16-entry position tables, the second row left-padded by 7."""
+    ids = torch.randint(1, 99, (2, length), generator=torch.Generator().manual_seed(1))
+    ids[1, :7] = PAD
+    return ids
+
+
+def state_of(output) -> object:
+    return output.get("cache", output.get("past_key_values"))
+
+
+def test_auto_classes_resolve_to_the_core():
+    config = RecurrentDecoderConfig(text_config=ROWS[0].text_config(), **SETTINGS)
+    assert type(AutoModel.from_config(config)) is RecurrentDecoderModel
+    assert type(AutoModelForSequenceClassification.from_config(config)) is RecurrentDecoderForSequenceClassification
+    assert type(AutoModelForTokenClassification.from_config(config)) is RecurrentDecoderForTokenClassification
+    assert {"AutoModel", "AutoModelForSequenceClassification", "AutoModelForTokenClassification"} <= set(
+        config.auto_map
+    )
+
+
+@by_backbone
+def test_bare_model_first_window_is_the_stock_base_model(backbone):
+    model = core(backbone, RecurrentDecoderModel)
+    stock = AutoModel.from_config(backbone.text_config()).eval()
+    stock.load_state_dict(model.backbone.state_dict())
+    ids = document()[:1]
+    layers = backbone.text_config().num_hidden_layers
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True, output_attentions=True)
+        expected = stock(ids[:, :8]).last_hidden_state  # after the stock final norm
+    assert out.last_hidden_state.shape == (1, 30, 32)
+    torch.testing.assert_close(out.last_hidden_state[:, :8], expected, **ROUNDING)
+    torch.testing.assert_close(out.hidden_states[-1], out.last_hidden_state)
+    assert len(out.hidden_states) == layers + 1 and len(out.attentions) == layers
+    assert out.attentions[0].shape[-1] == 1 + SETTINGS["window_size"]
+    assert state_of(out).get_seq_length() == 30
+    # Later windows see h_prev: the recurrence is there.
+    with torch.no_grad():
+        alone = model(ids[:, 8:16]).last_hidden_state
+    assert (out.last_hidden_state[:, 8:16] - alone).abs().max() > 1e-3
+
+
+@by_backbone
+def test_bare_model_chunked_calls_carrying_the_state_equal_one_call(backbone):
+    model = core(backbone, RecurrentDecoderModel, window_overlap=3)
+    ids = document()
+    mask = (ids != PAD).long()
+    real = mask.bool()
+    with torch.no_grad():
+        whole = model(ids, attention_mask=mask).last_hidden_state
+        pieces, state = [], None
+        for start, stop in ((0, 5), (5, 19), (19, 30)):
+            out = model(ids[:, start:stop], attention_mask=mask[:, :stop], past_key_values=state)
+            pieces.append(out.last_hidden_state)
+            state = state_of(out)
+    torch.testing.assert_close(torch.cat(pieces, dim=1)[real], whole[real], **ROUNDING)
+
+
+@by_backbone
+def test_sequence_head_left_padded_rows_equal_each_row_alone_after_reading_all_of_it(backbone):
+    model = core(backbone, RecurrentDecoderForSequenceClassification, window_overlap=2)
+    ids = document()
+    mask = (ids != PAD).long()
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask).logits
+        hidden = model.model(ids, attention_mask=mask).last_hidden_state
+        torch.testing.assert_close(logits, model.score(hidden[:, -1]), **ROUNDING)
+        torch.testing.assert_close(logits[0], model(ids[:1]).logits[0], **ROUNDING)
+        torch.testing.assert_close(logits[1], model(ids[1:, 7:]).logits[0], **ROUNDING)
+        # Read in two calls carrying the state: the last call's scores are the one call's.
+        first = model(ids[:, :13], attention_mask=mask[:, :13])
+        rest = model(ids[:, 13:], attention_mask=mask, past_key_values=state_of(first))
+        torch.testing.assert_close(rest.logits, logits, **ROUNDING)
+        # The first token reaches the scores through the carried state.
+        changed = ids.clone()
+        changed[0, 0] = changed[0, 0] % 98 + 1
+        assert not torch.equal(model(changed, attention_mask=mask).logits[0], logits[0])
+
+
+@by_backbone
+def test_token_head_scores_every_token(backbone):
+    model = core(backbone, RecurrentDecoderForTokenClassification)
+    ids = document()
+    mask = (ids != PAD).long()
+    labels = torch.randint(0, 3, ids.shape, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask, labels=labels)
+        hidden = model.model(ids, attention_mask=mask).last_hidden_state
+    assert out.logits.shape == (2, 30, 3)
+    torch.testing.assert_close(out.logits, model.score(hidden), **ROUNDING)
+    expected = torch.nn.functional.cross_entropy(out.logits.reshape(-1, 3), labels.reshape(-1))
+    torch.testing.assert_close(out.loss, expected, **ROUNDING)
+
+
+@by_backbone
+def test_stock_classifier_checkpoint_loads_with_only_the_recurrence_new(backbone, tmp_path):
+    text_config = backbone.text_config()
+    text_config.num_labels = 3
+    torch.manual_seed(0)
+    stock = AutoModelForSequenceClassification.from_config(text_config).eval()
+    stock.save_pretrained(tmp_path)
+    model, info = RecurrentDecoderForSequenceClassification.from_pretrained(
+        tmp_path, output_loading_info=True, **SETTINGS
+    )
+    assert not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert info["missing_keys"] and all(".recurrence." in key for key in info["missing_keys"])
+    assert model.config.num_labels == 3 and model.config.text_config.model_type == backbone.name
+    ids = torch.randint(1, 99, (1, 8))  # one window: no h_prev yet
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(ids).logits, stock(ids).logits, **ACROSS_KERNELS)
+
+
+@by_backbone
+def test_save_and_load_round_trip_in_the_stock_layout(backbone, tmp_path):
+    model = core(backbone, RecurrentDecoderForSequenceClassification)
+    ids = document()
+    mask = (ids != PAD).long()
+    model.save_pretrained(tmp_path / "classifier")
+    with safe_open(str(tmp_path / "classifier" / "model.safetensors"), "pt") as file:
+        saved = set(file.keys())
+    stock_prefix = "transformer." if backbone.name == "gpt2" else "model."
+    assert {key.split(".")[0] for key in saved} == {stock_prefix[:-1], "recurrence", "score"}
+    reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "classifier").eval()
+    assert type(reloaded) is RecurrentDecoderForSequenceClassification
+    with torch.no_grad():
+        torch.testing.assert_close(
+            reloaded(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits, **ACROSS_KERNELS
+        )
+    # A causal model's checkpoint has the same layout: its backbone and recurrence start a classifier.
+    causal = core(backbone, RecurrentDecoderForCausalLM)
+    causal.save_pretrained(tmp_path / "causal")
+    classifier, info = RecurrentDecoderForSequenceClassification.from_pretrained(
+        tmp_path / "causal", output_loading_info=True
+    )
+    assert info["missing_keys"] == {"score.weight"}
+    for name, tensor in causal.recurrence.state_dict().items():
+        assert torch.equal(classifier.model.recurrence.state_dict()[name], tensor), name
+    bare = AutoModel.from_pretrained(tmp_path / "causal").eval()
+    assert type(bare) is RecurrentDecoderModel
+    with torch.no_grad():
+        expected = causal(ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+        torch.testing.assert_close(bare(ids, attention_mask=mask).last_hidden_state, expected, **ACROSS_KERNELS)
+
+
+def test_the_classifier_keeps_the_recurrence_across_attention_implementations_and_checkpointing():
+    model = core(ROWS[0], RecurrentDecoderForSequenceClassification)
+    ids = document()
+    labels = torch.tensor([0, 2])
+    with torch.no_grad():
+        expected = model(ids).logits
+        model.set_attn_implementation("eager")
+        assert model.model.backbone.config._attn_implementation == "recurrent_eager"
+        torch.testing.assert_close(model(ids).logits, expected, **ROUNDING)
+    with pytest.raises(ValueError, match="'flash_attention_2' cannot carry the recurrence"):
+        model.set_attn_implementation("flash_attention_2")
+    model.set_attn_implementation("sdpa")
+    model.train()
+    plain = torch.autograd.grad(model(ids, labels=labels).loss, model.model.recurrence.ffn[0].weight)[0]
+    # Whole window steps are recomputed; the stock layers inside are not checkpointed again.
+    model.gradient_checkpointing_enable()
+    assert model.model.window_step.gradient_checkpointing
+    assert not any(getattr(m, "gradient_checkpointing", False) for m in model.model.backbone.modules())
+    checkpointed = torch.autograd.grad(model(ids, labels=labels).loss, model.model.recurrence.ffn[0].weight)[0]
+    torch.testing.assert_close(checkpointed, plain, **ROUNDING)
+
+
+def test_trainer_fine_tunes_the_sequence_head_and_compute_metrics_gets_scores(tmp_path):
+    assert_trainer_fine_tunes_the_sequence_head(core(ROWS[-1], RecurrentDecoderForSequenceClassification), tmp_path)
+
+
+@pytest.mark.remote_code
+def test_heads_and_bare_model_load_as_remote_code_in_a_fresh_interpreter(tmp_path):
+    model = core(ROWS[1], RecurrentDecoderForSequenceClassification)
+    inputs = {"input_ids": document()}
+    inputs["attention_mask"] = (inputs["input_ids"] != PAD).long()
+    assert_loads_with_remote_code(
+        model,
+        inputs,
+        tmp_path,
+        "AutoModelForSequenceClassification",
+        checks="""
+folder = model.name_or_path
+for auto_class, suffix in (("AutoModelForTokenClassification", "ForTokenClassification"), ("AutoModel", "Model")):
+    other = getattr(transformers, auto_class).from_pretrained(folder, trust_remote_code=True)
+    assert type(other).__name__ == "RecurrentDecoder" + suffix, type(other)
+""",
+    )
