@@ -7,8 +7,9 @@ DDP: `DistributedDataParallel`, as `torchrun` and `accelerate launch` give `Trai
 case of a strategy (process start-up and imports are most of the time).
 
 The recurrence core (`RecurrentDecoderForCausalLM`) runs over stock backbones whose decoder layers (its
-`_no_split_modules`, which transformers collects from the backbone) are the sharded units: h_prev's key/value is computed
-by the insertion layer's own attention projections, so it must be computed where that layer's weights are gathered.
+`_no_split_modules`, which transformers collects from the backbone) are the sharded units: h_prev's key/value is
+computed by the insertion layer's own attention projections, so it must be computed where that layer's weights are
+gathered.
 """
 
 import json
