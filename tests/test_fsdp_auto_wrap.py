@@ -4,18 +4,34 @@ name that no module of the model has: every family, head and configuration must 
 import pytest
 from accelerate.utils import FullyShardedDataParallelPlugin
 
-from .families import FAMILIES
+from hf_recurrence import RecurrentDecoderConfig, RecurrentDecoderForCausalLM
+
+from .families import BACKBONES, FAMILIES
 
 
-# Every class of every family; I-BERT also with its LSTM feed-forward layers, which change the layer class.
-CASES = [
-    pytest.param(cls, family.tiny_config, id=cls.__name__) for family in FAMILIES for cls in family.model_classes
-] + [
-    pytest.param(cls, lambda family=family: family.tiny_config(lstm_feed_forward=True), id=f"{cls.__name__}-lstm_ffn")
-    for family in FAMILIES
-    if family.name == "inductive_bert"
-    for cls in family.model_classes
-]
+# Every class of every family; I-BERT also with its LSTM feed-forward layers, which change the layer class; the core
+# over every backbone (its _no_split_modules are the backbone's decoder layers).
+CASES = (
+    [pytest.param(cls, family.tiny_config, id=cls.__name__) for family in FAMILIES for cls in family.model_classes]
+    + [
+        pytest.param(
+            cls, lambda family=family: family.tiny_config(lstm_feed_forward=True), id=f"{cls.__name__}-lstm_ffn"
+        )
+        for family in FAMILIES
+        if family.name == "inductive_bert"
+        for cls in family.model_classes
+    ]
+    + [
+        pytest.param(
+            RecurrentDecoderForCausalLM,
+            lambda backbone=backbone: RecurrentDecoderConfig(
+                text_config=backbone.text_config(), window_size=8, insertion_layer=1, recurrence_hidden_sizes=[16]
+            ),
+            id=f"RecurrentDecoderForCausalLM-{backbone.name}",
+        )
+        for backbone in BACKBONES
+    ]
+)
 
 
 @pytest.mark.parametrize(("model_class", "make_config"), CASES)

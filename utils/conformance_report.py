@@ -3,8 +3,9 @@ reasons into docs/conformance.md (between its `conformance:start` / `conformance
 
 Build the test tree first (tests/hf_common/README.md), then from the repository root:
 
-    python utils/conformance_report.py                 # run all four families (a few minutes each), write the doc
+    python utils/conformance_report.py                 # run every spec (a few minutes each), write the doc
     python utils/conformance_report.py --reuse         # re-render from the last runs' junit.xml files
+    python utils/conformance_report.py --only recurrent_decoder_spec   # run these specs, reuse the others' runs
 """
 
 import argparse
@@ -29,6 +30,8 @@ FAMILIES = {
     "recurrent Llama": "recurrent_llama_spec",
     "Transformer-XL": "transformer_xl_spec",
     "I-BERT": "inductive_bert_spec",
+    "core over Llama": "recurrent_decoder_spec",
+    "core over Qwen3": "recurrent_decoder_qwen3_spec",
 }
 # Worse outcomes win when a test appears more than once (subtests add rows).
 RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
@@ -85,7 +88,9 @@ def general_reason(reason: str) -> str:
     if re.search(r"is skipped: `[^`]+` is not in `self.pipeline_model_mapping`", reason):
         return "pipeline task the family does not map (`pipeline_model_mapping`)"
     reason = re.sub(r"<class '[\w.]+'>", "the model class", reason)
-    reason = re.sub(r"\b(RecurrentGPT2|RecurrentLlama|TransformerXL|IBert)\w*", "the model class", reason)
+    reason = re.sub(
+        r"\b(RecurrentGPT2|RecurrentLlama|RecurrentDecoder|TransformerXL|IBert)\w*", "the model class", reason
+    )
     return reason.replace("|", "\\|")
 
 
@@ -145,13 +150,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-root", type=Path, default=Path("/tmp/hf_common_runs"), help="where the runs go")
     parser.add_argument("--reuse", action="store_true", help="read the last runs instead of running again")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=list(FAMILIES.values()),
+        help="run only these specs and read the last runs of the others (the shared CPUs make a full run slow)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers per run")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(SPEC_DIR))
     outcomes = {}
     for family, spec in FAMILIES.items():
         run_dir = args.run_root / spec
-        if not args.reuse:
+        if not args.reuse and (args.only is None or spec in args.only):
             run_family(spec, run_dir, args.workers)
         outcomes[family] = read_outcomes(run_dir)
         counts = outcomes[family].counts

@@ -11,13 +11,14 @@ from collections.abc import Callable
 import torch
 
 
-def retain_grad_skip(unit: str) -> str:
-    """Why test_retain_grad_hidden_states_attentions cannot pass for a model read in `unit`s (windows, segments)."""
+def retain_grad_skip(unit: str, weights_checked_in: str = "tests/test_families.py") -> str:
+    """Why test_retain_grad_hidden_states_attentions cannot pass for a model read in `unit`s (windows, segments);
+    `weights_checked_in`: the test file that checks the family's attention weights instead."""
     return (
         f"the attention weights of a call that spans several {unit}s are each {unit}'s weights concatenated (one "
         f"attention per {unit}, in the same columns every time), so the returned tensor is built after the outputs "
         f"and is not upstream of them: it can get no .grad. The test's 7-token input crosses the spec's 4-token "
-        f"{unit} on purpose; the hidden-states half of the test passes, and tests/test_families.py checks the weights"
+        f"{unit} on purpose; the hidden-states half of the test passes, and {weights_checked_in} checks the weights"
     )
 
 
@@ -87,7 +88,7 @@ def unbounded_char_tokenizer(config):
         "<mask>",
         *" abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'-:;()",
     ]
-    vocab = {token: index for index, token in enumerate(tokens[: config.vocab_size])}
+    vocab = {token: index for index, token in enumerate(tokens[: config.get_text_config().vocab_size])}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     backend.decoder = decoders.Fuse()

@@ -1,0 +1,117 @@
+"""transformers' common tests on the recurrence core, `RecurrentDecoderForCausalLM`, over a stock Llama backbone (GQA;
+sizes as transformers' CausalLMModelTester; 4-token windows so that the 7-token inputs cross a window boundary).
+
+`backbone_spec` builds the same spec over another stock backbone (`recurrent_decoder_qwen3_spec.py`).
+"""
+
+import torch
+from stateful_checks import generation_checks, retain_grad_skip, unbounded_char_tokenizer
+from transformers import AutoConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+from hf_recurrence import RecurrentDecoderConfig, RecurrentDecoderForCausalLM, RecurrentDecoderState
+
+
+BATCH, SEQ, VOCAB, WINDOW = 13, 7, 99, 4
+
+
+_CHECKPOINTING = (
+    "gradient checkpointing recomputes whole window steps (RecurrentDecoderWindowStep, one GradientCheckpointingLayer "
+    "for the whole backbone over one window) and turns the stock decoder layers' own checkpointing off, since "
+    "recomputing them inside a recomputed step would run them a third time; the test {what}. "
+    "tests/models/recurrent_decoder checks that checkpointed training gives the plain autograd gradients"
+)
+
+
+def _skips(model_type: str) -> dict[str, str]:
+    stock = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
+    return {
+        "test_retain_grad_hidden_states_attentions": retain_grad_skip("window", "tests/test_backbones.py"),
+        "test_attention_outputs": (
+            "it sets output_attentions=True on every sub-config, and text_config is the backbone's own config, which "
+            "runs under the registered recurrent_eager / recurrent_sdpa attention: transformers' config setter accepts "
+            "output_attentions only under the plain 'eager' name. The model's own output_attentions (argument or "
+            "config.output_attentions) returns the weights, laid out by window position; tests/test_backbones.py "
+            "checks them on every backbone"
+        ),
+        "test_can_set_attention_dynamically": (
+            "it expects every nested config to read 'eager' after set_attn_implementation('eager'); the backbone's "
+            "config reads recurrent_eager by design: the recurrence's attention wraps the chosen one (eager or sdpa) to "
+            "add h_prev and the window cache, and the model's own config reads the plain name"
+        ),
+        "test_can_capture_specific_layers_hidden_states": (
+            "not implemented: output_hidden_states given as a list of layer indices (selective capture) is read as "
+            "True, so every layer's states come back; the states themselves are checked by the other hidden-state "
+            "tests"
+        ),
+        "test_correct_missing_keys": (
+            f"it saves the base model (the stock backbone, a {stock}) and loads it as the core without "
+            "recurrence settings; the default insertion_layer=2 (the paper's l_ins) is not a layer of the 2-layer tiny "
+            "backbone the harness requires, so the config is refused with that reason. Loading a stock checkpoint with "
+            "its settings loads every stock weight and reports only recurrence.* missing "
+            "(tests/models/recurrent_decoder/test_modeling_recurrent_decoder.py)"
+        ),
+        "test_reverse_loading_mapping": (
+            "one class serves every backbone family, so its checkpoint renaming lists every family's stock prefixes "
+            f"(model., transformer., lm_head.); a {model_type} backbone has no transformer.* weights, which the test "
+            "reads as an unused pattern"
+        ),
+        "test_gradient_checkpointing_enable_disable": _CHECKPOINTING.format(
+            what="expects every module with a gradient_checkpointing flag to have it set"
+        ),
+        "test_peft_gradient_checkpointing_enable_disable": _CHECKPOINTING.format(
+            what="expects every module with a gradient_checkpointing flag to have it set"
+        ),
+        **{
+            f"test_training_gradient_checkpointing{suffix}": _CHECKPOINTING.format(
+                what="counts the recomputations of the first GradientCheckpointingLayer, a stock decoder layer"
+            )
+            for suffix in ("", "_use_reentrant_false", "_use_reentrant_true")
+        },
+    }
+
+
+def backbone_spec(model_type: str, **overrides) -> dict:
+    """The spec's attributes for a tiny stock `model_type` backbone (`overrides`: its config fields besides the
+    common tiny sizes)."""
+
+    def get_config_and_inputs():
+        text_config = AutoConfig.for_model(
+            model_type,
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=37,
+            max_position_embeddings=512,
+            bos_token_id=VOCAB - 1,
+            eos_token_id=VOCAB - 1,
+            pad_token_id=VOCAB - 1,
+            **overrides,
+        )
+        config = RecurrentDecoderConfig(
+            text_config=text_config, window_size=WINDOW, insertion_layer=1, recurrence_hidden_sizes=[16]
+        )
+        input_ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+        attention_mask = torch.tril(torch.ones_like(input_ids))
+        return config, {"input_ids": input_ids, "attention_mask": attention_mask}
+
+    return {
+        "config_class": RecurrentDecoderConfig,
+        # The core has no bare model (yet): its one class is the causal LM.
+        "all_model_classes": (RecurrentDecoderForCausalLM,),
+        "pipeline_model_mapping": {"text-generation": RecurrentDecoderForCausalLM},
+        "get_config_and_inputs": get_config_and_inputs,
+        # The generation mixin hands the attention check the text config, which has no window_size: the spec's window.
+        "test_class_attrs": generation_checks(RecurrentDecoderState, lambda config: 1 + WINDOW),
+        "model_tester_attrs": {"key_length": 1 + WINDOW},  # h_prev, then the window
+        # The sizes ConfigTester checks for (vocab_size, ...) live in text_config, as in transformers' own composite
+        # configs, whose tests pass has_text_modality=False too.
+        "config_tester_kwargs": {"has_text_modality": False},
+        "skip_tests": _skips(model_type),
+        "get_tokenizer": unbounded_char_tokenizer,
+    }
+
+
+globals().update(backbone_spec("llama"))
