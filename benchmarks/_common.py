@@ -41,6 +41,11 @@ GPT2_SMALL_SHAPE = {
 }
 
 
+# A narrow GPT-2 (6 layers, 384 wide) with the full vocabulary, for the scripts that run thousands of steps or
+# tokens on a CPU: per-window logits, which the vocabulary sets, dominate their activation memory.
+NARROW_GPT2_SHAPE = {"n_layer": 6, "n_embd": 384, "n_head": 6, "vocab_size": 50257, "n_positions": 1024}
+
+
 def add_model_shape_arguments(parser: argparse.ArgumentParser, shape: dict[str, int]) -> None:
     """The GPT-2 shape flags every benchmark takes, with that benchmark's defaults."""
     for name in ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "window_size"):
@@ -414,6 +419,12 @@ def interleaved(
             if round_index >= warmup:
                 times[name].append(elapsed)
     return times
+
+
+def ratio_cells(ratios: dict[str, float], bold_paired: bool = False) -> list[str]:
+    """The table cells of `ratios`: paired (the headline, bold if asked), medians, minima."""
+    paired = f"{ratios['paired']:.3f}x"
+    return [f"**{paired}**" if bold_paired else paired, f"{ratios['medians']:.3f}x", f"{ratios['minima']:.3f}x"]
 
 
 def median(values: list[float]) -> float:

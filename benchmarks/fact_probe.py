@@ -1,11 +1,6 @@
 """The long-range probe on SmolLM2 (issue: the paper's protocol on real models), frozen vs LoRA side by side.
 
-A name invented from random syllables is planted in one 128-token window of Jane Austen's prose and asked for at the
-end of the next (`hf_recurrence.data.fact_probe`); only the name's tokens are scored. For each backbone setting the
-recurrent arm is trained on probe examples from the training books and scored on examples from the validation book
-(never the test books), against the stock model reading the question's window alone (chance) and the recurrent arm
-reading it with another example's `h_prev` (the swap control). Whether the frozen arm recalls, or only the LoRA arm,
-says whether the backbone must learn to read `h_prev`:
+What is measured and how: docs/benchmarks.md, "Long-range probe on SmolLM2: frozen vs LoRA".
 
     python benchmarks/fact_probe.py --backbones frozen lora --max-steps 100
 """

@@ -117,9 +117,7 @@ def summarise(measured: Measured) -> tuple[list[str], list[str] | None, str]:
         f"{med['recurrent'] * 1e3:.0f}",
         f"{med['stock_sequential'] * 1e3:.0f}",
         f"{med['stock_batched'] * 1e3:.0f}",
-        f"**{lm_head['paired']:.3f}x**",
-        f"{lm_head['medians']:.3f}x",
-        f"{lm_head['minima']:.3f}x",
+        *bench.ratio_cells(lm_head, bold_paired=True),
         f"{med['recurrent'] / med['stock_batched']:.3f}x",
     ]
     body_row = None
@@ -129,9 +127,7 @@ def summarise(measured: Measured) -> tuple[list[str], list[str] | None, str]:
             measured.attn,
             f"{med['recurrent_body'] * 1e3:.0f}",
             f"{med['stock_body_sequential'] * 1e3:.0f}",
-            f"{body['paired']:.3f}x",
-            f"{body['medians']:.3f}x",
-            f"{body['minima']:.3f}x",
+            *bench.ratio_cells(body),
         ]
     details = (
         f"- `{measured.attn}`: first-window logits of the two models differ by at most "

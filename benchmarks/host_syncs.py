@@ -5,14 +5,7 @@ Run (a few seconds):
 
     python benchmarks/host_syncs.py [--device cuda] [--dtype bfloat16] [--write-docs]
 
-On a GPU the host must not wait for the device inside the window loop: every read of a tensor's value on the host
-(`bool(t.any())`, `int(t.max())`: the profiler's `aten::_local_scalar_dense`) stalls the host until the device's
-queue is empty, and every operator is at least one kernel launch. Both are counted with `torch.profiler`, which sees
-them on the CPU too, so this measures on any machine what the GPU timings depend on. Counted: one forward over
-`--windows` windows without padding and with the first row left-padded, and `generate()` of `--new-tokens` tokens,
-for the recurrent GPT-2 and Llama, Transformer-XL (segments of the same length, memory of one segment), and stock
-GPT-2 reading the same windows one call after another. "Kernels" are the operators that do work: leaf operators
-that are not views or allocations (on CUDA, the CUDA kernels the profiler records).
+What is counted and why: docs/benchmarks.md, "Host syncs and kernel launches per call".
 """
 
 import argparse

@@ -108,9 +108,7 @@ def main() -> None:
                 "full rows" if kind == "full" else "right-padded rows",
                 f"{bench.median(bert_t) * 1e3:.0f}",
                 f"{bench.median(ibert_t) * 1e3:.0f}",
-                f"**{ratio['paired']:.3f}x**",
-                f"{ratio['medians']:.3f}x",
-                f"{ratio['minima']:.3f}x",
+                *bench.ratio_cells(ratio, bold_paired=True),
                 f"{lstm_t * 1e3:.0f} ({lstm_t / bench.median(ibert_t):.0%})",
                 f"{bench.median(bert_t) / (bench.median(ibert_t) - lstm_t):.3f}x",
             ]

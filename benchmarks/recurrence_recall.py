@@ -17,6 +17,22 @@ import _common as bench
 from hf_recurrence.key_recall import run_recall_experiment
 
 
+# The flags passed on to `run_recall_experiment` under their own names.
+EXPERIMENT_FLAGS = (
+    "steps",
+    "batch_size",
+    "lr",
+    "window_size",
+    "num_windows",
+    "num_keys",
+    "num_filler",
+    "n_layer",
+    "n_embd",
+    "n_head",
+    "insertion_layer",
+    "initializer_range",
+    "eval_size",
+)
 COLUMNS = ("recurrent_accuracy", "baseline_accuracy", "swapped_accuracy")
 
 
@@ -71,23 +87,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     start = time.perf_counter()
     results = [
         run_recall_experiment(
-            steps=args.steps,
             seed=seed,
-            batch_size=args.batch_size,
-            lr=args.lr,
-            window_size=args.window_size,
-            num_windows=args.num_windows,
-            num_keys=args.num_keys,
-            num_filler=args.num_filler,
-            n_layer=args.n_layer,
-            n_embd=args.n_embd,
-            n_head=args.n_head,
-            insertion_layer=args.insertion_layer,
             recurrence_hidden_sizes=tuple(args.recurrence_hidden_sizes),
-            initializer_range=args.initializer_range,
-            eval_size=args.eval_size,
             device=device,
             dtype=dtype,
+            **{name: getattr(args, name) for name in EXPERIMENT_FLAGS},
         )
         for seed in args.seeds
     ]

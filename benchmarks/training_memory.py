@@ -27,10 +27,7 @@ GOAL = 1.3
 
 def parse_args() -> argparse.Namespace:
     parser = bench.benchmark_parser(__doc__, __file__)
-    bench.add_model_shape_arguments(
-        parser,
-        {"n_layer": 6, "n_embd": 384, "n_head": 6, "vocab_size": 50257, "n_positions": 1024, "window_size": 128},
-    )
+    bench.add_model_shape_arguments(parser, {**bench.NARROW_GPT2_SHAPE, "window_size": 128})
     parser.add_argument("--windows", type=int, default=12, help="windows of the long input (compared with 1)")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--no-stock", action="store_true", help="skip the stock GPT-2 reference")
@@ -132,9 +129,9 @@ def main() -> None:
     saving = results[("recurrent", False, n)]["step_mib"] / results[("recurrent", True, n)]["step_mib"]
     r1 = results[("recurrent", True, 1)]
     findings = [
-        f"Without checkpointing the {n}-window step needs {saving:.2f}x the memory of the checkpointed one. Goal",
+        f"Without checkpointing the {n}-window step needs {saving:.2f}x the memory of the checkpointed one. Goal "
         f"{'met' if ratio(True) <= GOAL else 'missed'} ({ratio(True):.2f}x); model at rest {r1['before_mib']:.0f} MiB "
-        f"{bench.memory_name(device)} ({r1['params_mib']:.0f} MiB parameters), gradients {r1['grads_mib']:.0f} MiB.",
+        f"{bench.memory_name(device)} ({r1['params_mib']:.0f} MiB parameters), gradients {r1['grads_mib']:.0f} MiB."
     ]
     values = {
         f"{model}, checkpointing {'on' if ckpt else 'off'}, {w} windows": r for (model, ckpt, w), r in results.items()
