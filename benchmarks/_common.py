@@ -482,7 +482,9 @@ def benchmark_parser(
         help=f"where the run's numbers go (default: benchmarks/results/{name}.json, the recorded run)",
     )
     parser.add_argument(
-        "--write-docs", action="store_true", help="also re-render docs/benchmarks.md from benchmarks/results"
+        "--write-docs",
+        action="store_true",
+        help="then re-render docs/benchmarks.md from benchmarks/results (shows this run if --output-json is there)",
     )
     parser.add_argument("--note", default="", help="a sentence about the run, e.g. the load seen while it ran")
     return parser
