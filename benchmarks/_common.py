@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Helpers shared by the benchmark scripts: timing, machine info, tables and the docs/benchmarks.md writer.
+"""Helpers shared by the benchmark scripts: arguments, timing, peak memory, and the machine description and JSON
+result file every run writes (rendered into docs/benchmarks.md by `render.py`).
 
 Not a benchmark itself; the scripts import it as a sibling module (`python benchmarks/<name>.py` puts this folder on
 `sys.path`).
@@ -7,6 +8,7 @@ Not a benchmark itself; the scripts import it as a sibling module (`python bench
 
 import argparse
 import contextlib
+import datetime
 import json
 import os
 import platform
@@ -23,35 +25,9 @@ from pathlib import Path
 
 import torch
 import transformers
+from render import REPO_ROOT, RESULTS_DIR, markdown_table, render_docs
 
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DOCS_PATH = REPO_ROOT / "docs" / "benchmarks.md"
-
-DOCS_HEADER = """# Benchmarks
-
-Each script in `benchmarks/` measures the recurrent GPT-2 and the baseline it is compared with side by side in one
-run (interleaved where timing is involved, so that machine drift hits both alike) and prints a small table of
-absolute numbers and ratios; only the ratios are meant to carry over to other machines. Rerun one with
-`python benchmarks/<name>.py` (add `--help` for the bigger settings); `--write-docs` also replaces that script's
-section of this page. Weights are random: the cost of a forward pass does not depend on their values.
-
-Each section records the commit, the machine, the command, and the load on the machine at the start and at the end
-of the run. The "parallel-region probe" is the median time of a small two-thread reduction: about 0.02 ms on an idle
-machine, but milliseconds when other processes keep the cores busy, because every OpenMP parallel region then
-waits for its worker thread to be scheduled. A model that runs many small operators (single-token decoding, the
-recurrent model's per-layer pooling and mask bookkeeping) is slowed far more by that than one that runs a few big
-ones, so timing ratios taken while the probe is high are not to be trusted; rerun on an idle machine, or with
-`--threads 1`, which has no parallel regions to wait for. Memory numbers do not depend on load.
-
-Every script takes `--device` (cpu, cuda or cuda:N; cuda when there is one) and `--dtype` (float32, bfloat16 or
-float16; float32 on the CPU, and on CUDA bfloat16 where speed or memory is measured, float32 where a trained
-model's quality is). On CUDA the timers wait for the device's queue (`torch.cuda.synchronize`) and peak memory is
-`torch.cuda.max_memory_allocated`; the machine line names the GPU and the dtype. The scripts that run another
-program take the device and dtype that program runs in and refuse others by name (`reproduce.py`,
-`reproduce_smollm2.py`, `smollm2_recurrence_ablation.py`: the stock `Trainer`'s device, float32), or pass them on
-(`inductive_generalization.py`: to the example's `Trainer`).
-"""
+from hf_recurrence.evaluation.report import TABLE_COLUMNS
 
 
 # GPT-2 small (124M) with the paper's 300-token windows.
@@ -63,6 +39,11 @@ GPT2_SMALL_SHAPE = {
     "n_positions": 1024,
     "window_size": 300,
 }
+
+
+# A narrow GPT-2 (6 layers, 384 wide) with the full vocabulary, for the scripts that run thousands of steps or
+# tokens on a CPU: per-window logits, which the vocabulary sets, dominate their activation memory.
+NARROW_GPT2_SHAPE = {"n_layer": 6, "n_embd": 384, "n_head": 6, "vocab_size": 50257, "n_positions": 1024}
 
 
 def add_model_shape_arguments(parser: argparse.ArgumentParser, shape: dict[str, int]) -> None:
@@ -221,7 +202,7 @@ def check_peak_memory(device: torch.device) -> None:
 
 
 def peak_memory_method(device: torch.device) -> str:
-    """How `reset_peak_memory` and `peak_memory_mib` measure on `device`, for a docs section."""
+    """How `reset_peak_memory` and `peak_memory_mib` measure on `device`, recorded with the result."""
     if device.type == "cuda":
         return "`torch.cuda.max_memory_allocated` after `torch.cuda.reset_peak_memory_stats` (tensors only)"
     return (
@@ -249,21 +230,24 @@ def run_if_child(args: argparse.Namespace, run_child: Callable[[argparse.Namespa
     return True
 
 
-def peak_memory_setup(args: argparse.Namespace) -> tuple[torch.device, torch.dtype, str]:
-    """The parent's side of a peak-memory benchmark: the device (checked that its peak can be read) and dtype, the
-    seeded set-up, and the machine line."""
+def start(args: argparse.Namespace) -> tuple[torch.device, torch.dtype, dict]:
+    """The seeded set-up of a benchmark built by `benchmark_parser`: its device, dtype and machine description."""
     device, dtype = device_and_dtype(args)
-    check_peak_memory(device)
-    setup(args.seed, args.threads)
-    return device, dtype, machine_info(device, dtype)
+    setup(getattr(args, "seed", 0), args.threads)
+    return device, dtype, describe_machine(device, dtype)
+
+
+def peak_memory_setup(args: argparse.Namespace) -> tuple[torch.device, torch.dtype, dict]:
+    """The parent's side of a peak-memory benchmark: `start`, after checking that the device's peak can be read."""
+    check_peak_memory(device_and_dtype(args)[0])
+    return start(args)
 
 
 def in_child(spec: dict) -> dict:
     """Run this script again in a fresh process with the same flags and `--child SPEC` (JSON); returns the JSON object
     the child prints last. A fresh process per measurement keeps one measurement's allocations out of the next's."""
-    argv = [a for a in sys.argv[1:] if a != "--write-docs"]
     proc = subprocess.run(
-        [sys.executable, sys.argv[0], *argv, "--child", json.dumps(spec)],
+        [sys.executable, sys.argv[0], *sys.argv[1:], "--child", json.dumps(spec)],
         env={**os.environ, **CHILD_ENV},
         capture_output=True,
         text=True,
@@ -274,27 +258,23 @@ def in_child(spec: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_or_render_arguments(description: str, threads: int, runs: str) -> argparse.Namespace:
-    """Arguments of a benchmark that runs a long job (or renders a finished one) and records it in the docs."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--results-dir", type=Path, help="render this finished run instead of running one")
+def run_or_render_arguments(doc: str, script: str, threads: int, runs: str) -> argparse.Namespace:
+    """Arguments of a benchmark that runs a long job (or renders a finished one) and records it."""
     # The job's quality is what is recorded: float32 unless asked otherwise, on CUDA too.
-    add_device_arguments(parser, cuda_dtype="float32")
-    parser.add_argument("--threads", type=int, default=threads)
-    parser.add_argument("--write-docs", action="store_true", help="write the section and the plot into docs/")
-    parser.add_argument("--note", default="", help="a sentence about the run, e.g. the load seen while it ran")
+    parser = benchmark_parser(doc, script, threads=threads, cuda_dtype="float32", seed=False)
+    parser.add_argument("--results-dir", type=Path, help="render this finished run instead of running one")
     parser.add_argument("extra", nargs="*", help=f"flags passed on to {runs} after `--`")
     return parser.parse_args()
 
 
-def run_or_render(args: argparse.Namespace, run: Callable[[Path], None], images: dict[str, Path]) -> tuple[dict, str]:
+def run_or_render(args: argparse.Namespace, run: Callable[[Path], None], images: dict[str, Path]) -> tuple[dict, dict]:
     """Run a long job with `run(results_dir)` into a scratch folder, or take the finished `args.results_dir`; read
     its results.json and, with `--write-docs`, copy its plots (`{produced file: docs image}`) into docs/.
 
-    Returns the results and a line saying where it ran (or was rendered); `--device` and `--dtype` describe the run
-    (checking them against what the job can do is the caller's part).
+    Returns the job's results and the machine it ran on (or, with `--results-dir`, was rendered on); `--device` and
+    `--dtype` describe the run (checking them against what the job can do is the caller's part).
     """
-    info = machine_info(*device_and_dtype(args)) if args.results_dir is None else machine_info()
+    machine = describe_machine(*device_and_dtype(args)) if args.results_dir is None else describe_machine()
     with tempfile.TemporaryDirectory() as scratch:
         results_dir = args.results_dir or Path(scratch)
         if args.results_dir is None:
@@ -304,8 +284,7 @@ def run_or_render(args: argparse.Namespace, run: Callable[[Path], None], images:
             for produced, image in images.items():
                 image.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(results_dir / produced, image)
-    where = f"Machine: {info}; {load_at_end()}." if args.results_dir is None else f"Rendered on: {info}."
-    return report, where
+    return report, machine
 
 
 def setup(seed: int, threads: int) -> None:
@@ -354,29 +333,59 @@ def code_version() -> str:
     return commit + (" +changes" if dirty.stdout.strip() else "")
 
 
-def machine_info(device: torch.device | None = None, dtype: torch.dtype | None = None) -> str:
-    """One markdown line describing where the numbers came from: with `device` and `dtype`, where the models ran
-    (the GPU by name); without, the GPU that the code a benchmark drives would pick, if any."""
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+def _load_average() -> list[float] | None:
+    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+
+
+def _load_text(load: list[float] | None) -> str:
+    return ", ".join(f"{x:.2f}" for x in load) if load else "n/a"
+
+
+def describe_machine(device: torch.device | None = None, dtype: torch.dtype | None = None) -> dict:
+    """Where the numbers come from, as data, with `description`, the one line docs/benchmarks.md shows: with
+    `device` and `dtype`, where the models ran (the GPU by name); without, the GPU that the code a benchmark drives
+    would pick, if any. Taken before the measurements: the load and the parallel-region probe are those at the start."""
+    gpu = (
+        torch.cuda.get_device_name(device)
+        if torch.cuda.is_available() and (device is None or device.type == "cuda")
+        else None
+    )
+    machine = {
+        "commit": code_version(),
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": None if device is None else str(device),
+        "gpu": gpu,
+        "dtype": None if dtype is None else dtype_name(dtype),
+        "load_average_at_start": _load_average(),
+        "parallel_probe_ms_at_start": round(parallel_probe_ms(), 3),
+    }
     if device is not None and dtype is not None:
         models = f"models on {device_description(device, dtype)}; "
     else:
-        models = f"GPU {torch.cuda.get_device_name()}; " if torch.cuda.is_available() else ""
-    return (
-        f"commit {code_version()}; {models}{cpu_model()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads; "
-        f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}; "
-        f"load average at start {load}; parallel-region probe {parallel_probe_ms():.2f} ms (idle: about 0.02 ms)"
+        models = f"GPU {gpu}; " if gpu else ""
+    machine["description"] = (
+        f"commit {machine['commit']}; {models}{machine['cpu']}, {machine['cpus']} CPUs, "
+        f"{machine['torch_threads']} torch threads; Python {machine['python']}, torch {machine['torch']}, "
+        f"transformers {machine['transformers']}; load average at start {_load_text(machine['load_average_at_start'])}; "
+        f"parallel-region probe {machine['parallel_probe_ms_at_start']:.2f} ms (idle: about 0.02 ms)"
     )
+    return machine
 
 
-def load_at_end() -> str:
-    """Load average and parallel-region probe after the measurements, to compare with those at the start."""
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-    return f"at the end: load average {load}, parallel-region probe {parallel_probe_ms():.2f} ms"
+def finish_machine(machine: dict) -> dict:
+    """`machine` with the load and the parallel-region probe after the measurements, to compare with the start."""
+    load, probe = _load_average(), round(parallel_probe_ms(), 3)
+    at_end = f"at the end: load average {_load_text(load)}, parallel-region probe {probe:.2f} ms"
+    return {**machine, "load_average_at_end": load, "parallel_probe_ms_at_end": probe, "at_end": at_end}
 
 
 def command_line() -> str:
-    """The command that ran, without `--note` (its text is in the section already)."""
+    """The command that ran, without `--note` (its text is recorded on its own)."""
     script = Path(sys.argv[0]).resolve()
     with contextlib.suppress(ValueError):
         script = script.relative_to(REPO_ROOT)
@@ -412,27 +421,121 @@ def interleaved(
     return times
 
 
+def ratio_cells(ratios: dict[str, float], bold_paired: bool = False) -> list[str]:
+    """The table cells of `ratios`: paired (the headline, bold if asked), medians, minima."""
+    paired = f"{ratios['paired']:.3f}x"
+    return [f"**{paired}**" if bold_paired else paired, f"{ratios['medians']:.3f}x", f"{ratios['minima']:.3f}x"]
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
-    cells = [[str(c) for c in row] for row in rows]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in cells]
-    return "\n".join(lines)
+def ratios(numerator: list[float], denominator: list[float]) -> dict[str, float]:
+    """Three views of numerator / denominator over interleaved rounds: `paired`, the median of the per-round ratios
+    (each pair measured back to back, which cancels drift); `medians`, the ratio of the median times; `minima`, that
+    of the fastest calls (the least disturbed by other processes)."""
+    return {
+        "paired": median([n / d for n, d in zip(numerator, denominator, strict=True)]),
+        "medians": median(numerator) / median(denominator),
+        "minima": min(numerator) / min(denominator),
+    }
 
 
-def write_section(name: str, body: str) -> None:
-    """Replace the `<!-- bench:NAME -->` ... `<!-- /bench:NAME -->` section of docs/benchmarks.md, or append it."""
-    begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
-    section = f"{begin}\n{body.strip()}\n{end}"
-    text = DOCS_PATH.read_text() if DOCS_PATH.exists() else DOCS_HEADER
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section, text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    DOCS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    DOCS_PATH.write_text(text)
-    print(f"wrote the {name} section of {DOCS_PATH.relative_to(REPO_ROOT)}")
+def table(headers: list[str], rows: list[list[object]], align: list[str] | None = None) -> dict:
+    """A result table as data: the cells as shown in docs/benchmarks.md (see `render.markdown_table`)."""
+    result = {"headers": headers, "rows": [[str(cell) for cell in row] for row in rows]}
+    if align:
+        result["align"] = align
+    return result
+
+
+def perplexity_table(rows: list[dict]) -> dict:
+    """The windowed-perplexity rows of a reproduction as a result table, in `format_table`'s layout (the paper's
+    Tables 1-2)."""
+    columns = [
+        column
+        for column in TABLE_COLUMNS
+        if column[0] != "word_perplexity" or any(row.get("word_perplexity") is not None for row in rows)
+    ]
+    cells = [["–" if row.get(key) is None else fmt.format(row[key]) for key, _, fmt in columns] for row in rows]
+    align = ["" if key == "model" else "right" for key, _, _ in columns]
+    return table([header for _, header, _ in columns], cells, align)
+
+
+def benchmark_parser(
+    doc: str, script: str, threads: int = 2, cuda_dtype: str = "bfloat16", seed: bool = True
+) -> argparse.ArgumentParser:
+    """The arguments every benchmark takes: `--device`, `--dtype`, `--threads`, `--seed` (unless the job seeds
+    itself), and where the result goes (`--output-json`, `--write-docs`, `--note`). `doc` is the script's docstring
+    (its first paragraph is the description), `script` its `__file__` (its name names the result file)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    add_device_arguments(parser, cuda_dtype=cuda_dtype)
+    parser.add_argument("--threads", type=int, default=threads, help=f"torch threads (default {threads})")
+    if seed:
+        parser.add_argument("--seed", type=int, default=0)
+    name = Path(script).stem
+    parser.add_argument(
+        "--output-json",
+        type=Path,
+        default=RESULTS_DIR / f"{name}.json",
+        help=f"where the run's numbers go (default: benchmarks/results/{name}.json, the recorded run)",
+    )
+    parser.add_argument(
+        "--write-docs",
+        action="store_true",
+        help="then re-render docs/benchmarks.md from benchmarks/results (shows this run if --output-json is there)",
+    )
+    parser.add_argument("--note", default="", help="a sentence about the run, e.g. the load seen while it ran")
+    return parser
+
+
+# Arguments that say where a result goes, not what was measured.
+_NOT_SETTINGS = {"output_json", "write_docs", "note", "child", "cuda_dtype"}
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return str(value)
+
+
+def write_results(
+    args: argparse.Namespace,
+    machine: dict,
+    tables: dict[str, dict],
+    values: dict,
+    text: dict[str, list[str]] | None = None,
+    **extra: object,
+) -> dict:
+    """Print the run's tables and text, and write the run as JSON to `args.output_json`: the command, the date, the
+    machine (with the load at the end), the settings, the measured `values`, and what docs/benchmarks.md shows of
+    them: `tables` and `text` (named groups of lines derived from the numbers, such as a goal's verdict); `extra`
+    adds top-level fields. With `--write-docs`, re-render the docs. Returns what was written."""
+    result = {
+        "script": Path(sys.argv[0]).name,
+        "command": command_line(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "note": args.note,
+        "machine": finish_machine(machine),
+        "settings": {k: _jsonable(v) for k, v in vars(args).items() if k not in _NOT_SETTINGS},
+        "values": _jsonable(values),
+        "tables": tables,
+        "text": text or {},
+        **extra,
+    }
+    print(f"\n{result['machine']['description']}; {result['machine']['at_end']}\n")
+    for shown in tables.values():
+        print(markdown_table(shown) + "\n")
+    for lines in result["text"].values():
+        print("\n".join(lines) + "\n")
+    args.output_json.parent.mkdir(parents=True, exist_ok=True)
+    args.output_json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.output_json}")
+    if args.write_docs:
+        render_docs()
+    return result

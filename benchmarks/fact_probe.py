@@ -1,28 +1,23 @@
 """The long-range probe on SmolLM2 (issue: the paper's protocol on real models), frozen vs LoRA side by side.
 
-A name invented from random syllables is planted in one 128-token window of Jane Austen's prose and asked for at the
-end of the next (`hf_recurrence.data.fact_probe`); only the name's tokens are scored. For each backbone setting the
-recurrent arm is trained on probe examples from the training books and scored on examples from the validation book
-(never the test books), against the stock model reading the question's window alone (chance) and the recurrent arm
-reading it with another example's `h_prev` (the swap control). Whether the frozen arm recalls, or only the LoRA arm,
-says whether the backbone must learn to read `h_prev`:
+What is measured and how: docs/benchmarks.md, "Long-range probe on SmolLM2: frozen vs LoRA".
 
     python benchmarks/fact_probe.py --backbones frozen lora --max-steps 100
 """
 
-import argparse
 import json
 import time
 from dataclasses import asdict
 
-from _common import add_device_arguments, machine_info, markdown_table, setup, trainer_device
+import _common as bench
 
 from hf_recurrence.book_reproduction import BookReproductionSettings, load_llama, run_fact_probe
 from hf_recurrence.data import austen_split, token_stream
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # The arms' quality is what is measured: float32 (the Trainer's) on CUDA too.
+    parser = bench.benchmark_parser(__doc__, __file__, cuda_dtype="float32", seed=False)
     parser.add_argument("--backbones", nargs="+", default=["frozen", "lora"], choices=["frozen", "lora", "full"])
     parser.add_argument("--max-steps", type=int, default=100, help="optimizer steps per arm")
     parser.add_argument("--batch-size", type=int, default=4, help="probe examples per step")
@@ -30,12 +25,10 @@ def main() -> None:
     parser.add_argument("--held-out", type=int, default=64, help="validation-book examples scored")
     parser.add_argument("--model-name-or-path", default=None, help="a Llama folder or .gguf (default: SmolLM2)")
     parser.add_argument("--bf16", action="store_true", help="train under bfloat16 autocast")
-    parser.add_argument("--output", default=None, help="write the results as JSON here")
-    add_device_arguments(parser, cuda_dtype="float32")
-    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    setup(0, args.threads)
-    device, dtype = trainer_device(args, "the arms are trained by the Trainer, on its device in float32")
+    bench.setup(0, args.threads)
+    device, dtype = bench.trainer_device(args, "the arms are trained by the Trainer, on its device in float32")
+    machine = bench.describe_machine(device, dtype)
     start = time.perf_counter()
     llama, tokenizer, source = load_llama(args.model_name_or_path)
     llama.to(device).requires_grad_(False)
@@ -60,12 +53,20 @@ def main() -> None:
          f"{r['train_minutes']:.1f}"]
         for r in results
     ]  # fmt: skip
-    print(f"\nModel {source}; {machine_info(device, dtype)}; {(time.perf_counter() - start) / 60:.1f} minutes")
-    print(markdown_table(["backbone", "stock (window alone)", "recurrent", "swapped h_prev", "train minutes"], rows))
-    print("cells: mean NLL per name token (nats) / examples recalled exactly")
-    if args.output:
-        with open(args.output, "w") as file:
-            json.dump({"source": source, "machine": machine_info(device, dtype), "results": results}, file, indent=2)
+    headers = [
+        "backbone",
+        "stock, question window alone",
+        "recurrent",
+        "recurrent, another example's `h_prev`",
+        "train minutes",
+    ]
+    findings = [
+        f"Model {source}; {(time.perf_counter() - start) / 60:.1f} minutes in all. Cells: mean NLL per name token "
+        "(nats) / examples whose every name token is the argmax."
+    ]
+    bench.write_results(
+        args, machine, {"probe": bench.table(headers, rows)}, {"results": results}, {"notes": findings}
+    )
 
 
 if __name__ == "__main__":

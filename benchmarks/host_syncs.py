@@ -5,29 +5,13 @@ Run (a few seconds):
 
     python benchmarks/host_syncs.py [--device cuda] [--dtype bfloat16] [--write-docs]
 
-On a GPU the host must not wait for the device inside the window loop: every read of a tensor's value on the host
-(`bool(t.any())`, `int(t.max())`: the profiler's `aten::_local_scalar_dense`) stalls the host until the device's
-queue is empty, and every operator is at least one kernel launch. Both are counted with `torch.profiler`, which sees
-them on the CPU too, so this measures on any machine what the GPU timings depend on. Counted: one forward over
-`--windows` windows without padding and with the first row left-padded, and `generate()` of `--new-tokens` tokens,
-for the recurrent GPT-2 and Llama, Transformer-XL (segments of the same length, memory of one segment), and stock
-GPT-2 reading the same windows one call after another. "Kernels" are the operators that do work: leaf operators
-that are not views or allocations (on CUDA, the CUDA kernels the profiler records).
+What is counted and why: docs/benchmarks.md, "Host syncs and kernel launches per call".
 """
 
 import argparse
 
+import _common as bench
 import torch
-from _common import (
-    add_device_arguments,
-    command_line,
-    device_and_dtype,
-    machine_info,
-    markdown_table,
-    setup,
-    synchronize,
-    write_section,
-)
 from torch.profiler import ProfilerActivity, profile
 from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -59,21 +43,13 @@ VALUE_SHAPED = {
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_device_arguments(parser)
+    parser = bench.benchmark_parser(__doc__, __file__)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--window-size", type=int, default=32)
     parser.add_argument("--windows", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument(
-        "--write-docs", action="store_true", help="replace this script's section of docs/benchmarks.md"
-    )
-    parser.add_argument(
-        "--note", default="", help="a paragraph for the docs section, e.g. counts of an earlier commit"
-    )
     return parser.parse_args()
 
 
@@ -114,7 +90,7 @@ def count(fn, device: torch.device) -> tuple[int, int]:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as profiler:
         fn()
-        synchronize(device)
+        bench.synchronize(device)
     events = profiler.events()
     if device.type == "cuda":
         # Every read ends in a device-to-host copy; `.tolist()` and `.cpu()` too, which the CPU's events miss.
@@ -173,11 +149,19 @@ def measure(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) 
     return rows
 
 
+COUNTS = [
+    "forward_host_reads",
+    "forward_kernels",
+    "left_padded_host_reads",
+    "left_padded_kernels",
+    "generate_reads_per_token",
+    "generate_kernels_per_token",
+]
+
+
 def main() -> None:
     args = parse_args()
-    setup(0, args.threads)
-    device, dtype = device_and_dtype(args)
-    info = machine_info(device, dtype)
+    device, dtype, machine = bench.start(args)
     rows = measure(args, device, dtype)
     headers = [
         "model",
@@ -188,18 +172,12 @@ def main() -> None:
         "generate: reads/token",
         "kernels/token",
     ]
-    table = markdown_table(headers, rows)
     shape = (
         f"{args.layers} layers, {args.hidden} wide, batch {args.batch_size}, {args.windows} windows of "
-        f"{args.window_size} tokens"
+        f"{args.window_size} tokens."
     )
-    print(f"\n{info}\n\n{shape}\n\n{table}")
-    if args.write_docs:
-        write_section(
-            "host_syncs",
-            "## Host syncs and kernel launches per call (`host_syncs.py`)\n\n"
-            f"Command: `{command_line()}`\n\nMachine: {info}.\n\n{shape}.\n\n{table}\n\n{args.note}\n",
-        )
+    values = {row[0]: dict(zip(COUNTS, row[1:], strict=True)) for row in rows}
+    bench.write_results(args, machine, {"counts": bench.table(headers, rows)}, values, {"shape": [shape]})
 
 
 if __name__ == "__main__":

@@ -12,25 +12,15 @@ Run (about 30 minutes on 2 CPU cores with one thread):
 and bfloat16 or float16 as its mixed precision (`--bf16`, `--fp16`; the weights stay float32).
 """
 
-import argparse
 import importlib.util
 from pathlib import Path
 
+import _common as bench
 import torch
-from _common import (
-    REPO_ROOT,
-    command_line,
-    device_and_dtype,
-    markdown_table,
-    run_or_render,
-    run_or_render_arguments,
-    setup,
-    write_section,
-)
 
 
-SCRIPT = REPO_ROOT / "examples" / "inductive_generalization" / "run_inductive_generalization.py"
-IMAGE = REPO_ROOT / "docs" / "images" / "inductive_generalization_add.png"
+SCRIPT = bench.REPO_ROOT / "examples" / "inductive_generalization" / "run_inductive_generalization.py"
+IMAGE = bench.REPO_ROOT / "docs" / "images" / "inductive_generalization_add.png"
 CPU_RUN = [
     "--task", "add", "--models", "ibert,bert,ibert_pe",
     "--hidden_size", "64", "--num_hidden_layers", "2", "--num_attention_heads", "4", "--intermediate_size", "256",
@@ -59,7 +49,7 @@ def run_example(output_dir: Path, extra: list[str]) -> None:
     script.main([*CPU_RUN, *extra, "--output_dir", str(output_dir)])
 
 
-def results_table(report: dict) -> str:
+def results_table(report: dict) -> dict:
     train_d, validation_d = report["train_difficulties"], report["validation_difficulties"]
     rows = []
     for result in report["results"].values():
@@ -73,46 +63,36 @@ def results_table(report: dict) -> str:
         ["I-BERT, paper (BERT-base, 50 epochs)", "", "", "about 1"] + [f"{PAPER_IBERT[d]}" for d in validation_d]
     )
     headers = ["model", "parameters", "training (min)", f"d {train_d[0]}..{train_d[-1]} (mean)"]
-    return markdown_table(headers + [f"d={d}" for d in validation_d], rows)
+    return bench.table(headers + [f"d={d}" for d in validation_d], rows)
 
 
 def main() -> None:
-    args = run_or_render_arguments(__doc__.split("\n\n")[0], threads=1, runs="the example script")
-    setup(0, args.threads)
-    extra = [*trainer_flags(*device_and_dtype(args)), *args.extra]
-    report, where = run_or_render(
+    args = bench.run_or_render_arguments(__doc__, __file__, threads=1, runs="the example script")
+    bench.setup(0, args.threads)
+    extra = [*trainer_flags(*bench.device_and_dtype(args)), *args.extra]
+    report, machine = bench.run_or_render(
         args, lambda results_dir: run_example(results_dir, extra), {"accuracy_vs_difficulty.png": IMAGE}
     )
-    table = results_table(report)
-    print(table)
-    if args.write_docs:
-        write_section("inductive_generalization", docs_section(args, where, report, table))
-
-
-def docs_section(args: argparse.Namespace, where: str, report: dict, table: str) -> str:
     if args.results_dir is None:
-        origin = f"`{command_line()}`, which runs\n`python {SCRIPT.relative_to(REPO_ROOT)} {' '.join(CPU_RUN)}`"
-        machine = f"{where} {args.note}"
+        origin = [
+            f"`{bench.command_line()}`, which runs",
+            f"`python {SCRIPT.relative_to(bench.REPO_ROOT)} {' '.join([*CPU_RUN, *extra])}`",
+        ]
     else:
-        origin = (
+        origin = [
             f"`{report['command']}`, rendered by `python benchmarks/inductive_generalization.py --results-dir DIR`"
-        )
-        machine = f"Run: {args.note}\n\n{where}"
-    return f"""## Inductive generalization on NSP Add (paper Figure 4a)
-
-Goal: the paper's shape, I-BERT well above BERT on difficulties never seen in training, BERT near zero. Sequence
-accuracy (every answer digit right) per difficulty d; training on d = 2..12, validation on d = 13..16, 384
-sequences per validation difficulty and 384 fresh sequences per training difficulty. Details, format and discussion:
-[experiments/inductive_generalization.md](experiments/inductive_generalization.md).
-
-{origin}
-
-{machine}
-
-{table}
-
-![sequence accuracy vs difficulty](images/{IMAGE.name})
-"""
+        ]
+    if args.note:
+        origin += ["", f"Run: {args.note}"]
+    rendered = args.results_dir is not None
+    bench.write_results(
+        args,
+        machine,
+        {"accuracy": results_table(report)},
+        report,
+        {"origin": origin},
+        rendered_from_results_dir=rendered,
+    )
 
 
 if __name__ == "__main__":

@@ -9,39 +9,62 @@ Run (about 1-3 minutes on a CPU, 3 seeds, one thread):
 Options: `--steps`, `--seeds`, `--window-size`, `--num-keys`, ... (see `--help`).
 """
 
-import argparse
 import statistics
 import time
 
-import torch
-from _common import add_device_arguments, device_and_dtype, machine_info
+import _common as bench
 
 from hf_recurrence.key_recall import run_recall_experiment
 
 
-def format_table(results: list[dict]) -> str:
-    """Markdown table: one row per seed, then the mean."""
-    columns = ("recurrent_accuracy", "baseline_accuracy", "swapped_accuracy")
-    lines = [
-        "| seed | recurrent GPT-2 | GPT-2, windows read independently | recurrent, earlier windows swapped "
-        "| chance | train s (recurrent / baseline) |",
-        "|---:|---:|---:|---:|---:|---:|",
+# The flags passed on to `run_recall_experiment` under their own names.
+EXPERIMENT_FLAGS = (
+    "steps",
+    "batch_size",
+    "lr",
+    "window_size",
+    "num_windows",
+    "num_keys",
+    "num_filler",
+    "n_layer",
+    "n_embd",
+    "n_head",
+    "insertion_layer",
+    "initializer_range",
+    "eval_size",
+)
+COLUMNS = ("recurrent_accuracy", "baseline_accuracy", "swapped_accuracy")
+
+
+def result_table(results: list[dict]) -> dict:
+    """One row per seed, then the mean."""
+    rows = [
+        [
+            r["settings"]["seed"],
+            *(f"{r[c]:.3f}" for c in COLUMNS),
+            f"{r['chance']:.3f}",
+            f"{r['recurrent_train_seconds']:.1f} / {r['baseline_train_seconds']:.1f}",
+        ]
+        for r in results
     ]
-    for r in results:
-        lines.append(
-            f"| {r['settings']['seed']} | "
-            + " | ".join(f"{r[c]:.3f}" for c in columns)
-            + f" | {r['chance']:.3f} | {r['recurrent_train_seconds']:.1f} / {r['baseline_train_seconds']:.1f} |"
-        )
     if len(results) > 1:
-        means = " | ".join(f"**{statistics.mean(r[c] for r in results):.3f}**" for c in columns)
-        lines.append(f"| mean | {means} | {results[0]['chance']:.3f} | |")
-    return "\n".join(lines)
+        means = [f"**{statistics.mean(r[c] for r in results):.3f}**" for c in COLUMNS]
+        rows.append(["mean", *means, f"{results[0]['chance']:.3f}", ""])
+    headers = [
+        "seed",
+        "recurrent GPT-2",
+        "GPT-2, windows read independently",
+        "recurrent, earlier windows swapped",
+        "chance",
+        "train s (recurrent / baseline)",
+    ]
+    return bench.table(headers, rows, align=["right"] * len(headers))
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_device_arguments(parser, cuda_dtype="float32")
+    # A trained model's quality is measured: float32 on CUDA too. One thread by default: the matrices are tiny, so
+    # more threads mostly add synchronisation.
+    parser = bench.benchmark_parser(__doc__, __file__, threads=1, cuda_dtype="float32", seed=False)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--batch-size", type=int, default=64)
@@ -57,43 +80,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--recurrence-hidden-sizes", type=int, nargs="+", default=[64])
     parser.add_argument("--initializer-range", type=float, default=0.1)
     parser.add_argument("--eval-size", type=int, default=2048)
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch intra-op threads; the matrices are tiny, so more threads mostly add synchronisation",
-    )
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    device, dtype = device_and_dtype(args)
+    bench.setup(0, args.threads)
+    device, dtype = bench.device_and_dtype(args)
+    machine = bench.describe_machine(device, dtype)
     start = time.perf_counter()
     results = [
         run_recall_experiment(
-            steps=args.steps,
             seed=seed,
-            batch_size=args.batch_size,
-            lr=args.lr,
-            window_size=args.window_size,
-            num_windows=args.num_windows,
-            num_keys=args.num_keys,
-            num_filler=args.num_filler,
-            n_layer=args.n_layer,
-            n_embd=args.n_embd,
-            n_head=args.n_head,
-            insertion_layer=args.insertion_layer,
             recurrence_hidden_sizes=tuple(args.recurrence_hidden_sizes),
-            initializer_range=args.initializer_range,
-            eval_size=args.eval_size,
             device=device,
             dtype=dtype,
+            **{name: getattr(args, name) for name in EXPERIMENT_FLAGS},
         )
         for seed in args.seeds
     ]
     settings = {k: v for k, v in results[0]["settings"].items() if k != "seed"}
-    print("Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
-    print(f"Recall accuracy on {args.eval_size} held-out sequences ({machine_info(device, dtype)}):")
-    print(format_table(results))
-    print(f"Total time: {time.perf_counter() - start:.0f} s")
+    findings = [
+        "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + f"; {args.eval_size} held-out sequences, "
+        f"{time.perf_counter() - start:.0f} s in all."
+    ]
+    bench.write_results(args, machine, {"recall": result_table(results)}, {"results": results}, {"settings": findings})
     return results
 
 

@@ -15,15 +15,7 @@ import json
 import time
 from pathlib import Path
 
-from _common import (
-    add_device_arguments,
-    load_at_end,
-    machine_info,
-    markdown_table,
-    setup,
-    trainer_device,
-    write_section,
-)
+import _common as bench
 from safetensors.torch import load_file
 
 from hf_recurrence import RecurrentLlamaConfig
@@ -53,20 +45,17 @@ def parse_change(text: str) -> tuple[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # Trained arms compare like for like only in the reproduction's float32.
+    parser = bench.benchmark_parser(__doc__, __file__, cuda_dtype="float32", seed=False)
     parser.add_argument("--reproduction-dir", type=Path, required=True, help="a finished --preset smollm2 run")
     parser.add_argument("--change", type=parse_change, required=True, help="FIELD=VALUE of RecurrentLlamaConfig")
-    add_device_arguments(parser, cuda_dtype="float32")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--write-docs", action="store_true")
-    parser.add_argument("--note", default="")
     args = parser.parse_args()
-    setup(0, args.threads)
+    bench.setup(0, args.threads)
     # Trained arms compare like for like only in the reproduction's float32, on the device its Trainer picked.
-    device, dtype = trainer_device(
+    device, dtype = bench.trainer_device(
         args, "the arms are compared with the reproduction's and must be trained the same way"
     )
-    info = machine_info(device, dtype)
+    machine = bench.describe_machine(device, dtype)
     start = time.perf_counter()
     report = json.loads((args.reproduction_dir / "results.json").read_text())
     settings = BookReproductionSettings(**{**report["settings"], "eval_split": "validation"})
@@ -99,34 +88,19 @@ def main() -> None:
         compare(token_nll, "control", changed_arm, settings),
         compare(token_nll, changed_arm, "recurrent", settings),
     ]
-    for comparison in comparisons:
-        print(describe(comparison))
-    if args.write_docs:
-        table = markdown_table(["arm", "validation perplexity"], [[k, f"{v:.3f}"] for k, v in perplexity.items()])
-        book = read[0]
-        intervals = "\n".join(f"- {describe(c)}" for c in comparisons)
-        write_section(
-            f"smollm2_ablation_{name}",
-            f"""## SmolLM2 recurrence ablation: `{name}={json.dumps(value)}` (`smollm2_recurrence_ablation.py`)
-
-The `smollm2` reproduction's recurrent and control arms (their saved recurrence weights; `recurrent` has
-`{name}={json.dumps(report["settings"].get(name, getattr(RecurrentLlamaConfig, name)))}`) beside a recurrent arm trained with
-`{name}={json.dumps(value)}`, everything else the same ({settings.max_steps} steps, {report["train_tokens_per_arm"]:,}
-tokens, the same blocks in the same order; its training took {minutes:.1f} minutes), read at overlap 0 on the
-validation book, *{book["title"]}* (first {book["tokens_read"]:,} tokens), never a test book.
-{time.perf_counter() - start:.0f} s in all. {args.note}
-
-Machine: {info}; {load_at_end()}.
-
-{table}
-
-{intervals}
-
-```bash
-python benchmarks/smollm2_recurrence_ablation.py --reproduction-dir <the smollm2 run> --change {name}={json.dumps(value)} --write-docs
-```
-""",
-        )
+    book = read[0]
+    baseline_value = report["settings"].get(name, getattr(RecurrentLlamaConfig, name))
+    text = {
+        "run": [
+            f"The `recurrent` arm has `{name}={json.dumps(baseline_value)}`; the changed arm trained for {minutes:.1f} "
+            f"minutes on {report['train_tokens_per_arm']:,} tokens; read on *{book['title']}* (first "
+            f"{book['tokens_read']:,} tokens). {time.perf_counter() - start:.0f} s in all. {args.note}".rstrip()
+        ],
+        "intervals": [f"- {describe(c)}" for c in comparisons],
+    }
+    table = bench.table(["arm", "validation perplexity"], [[k, f"{v:.3f}"] for k, v in perplexity.items()])
+    values = {"perplexity": perplexity, "comparisons": comparisons, "train_minutes": minutes}
+    bench.write_results(args, machine, {"perplexity": table}, values, text, change={name: value})
 
 
 if __name__ == "__main__":

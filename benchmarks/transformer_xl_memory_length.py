@@ -6,46 +6,27 @@ Run (about 5 minutes on 2 CPU cores):
 
     python benchmarks/transformer_xl_memory_length.py [--write-docs]
 
-Corpus: the Python standard library's top-level modules (`hf_recurrence.data.python_stdlib_documents`), real long
-documents. The first `--eval-docs` modules after sorting by name (every 10th module) are held out for evaluation;
-the others are the training text. A byte-level BPE (`hf_recurrence.data.train_byte_level_bpe`, `--vocab-size`) is
-trained on the training text.
-
-Training follows the paper: the training tokens are laid out as `--batch-size` parallel streams, read segment after
-segment (`--segment-length`), with the memory (`--mem-len`) carried from one optimizer step to the next (without
-gradient), AdamW for `--train-seconds` of wall-clock time. Evaluation reads the held-out text (`--eval-tokens`),
-segment after segment in `--eval-streams` parallel streams with the state carried, and reports the perplexity of every token with the memory set to
-1x, 2x and 4x the training `mem_len` (the same weights; only `config.mem_len` changes), plus `mem_len = 0`.
+What is measured and how: docs/benchmarks.md, "Transformer-XL memory length at test time".
 """
 
 import argparse
 import math
 import time
 
+import _common as bench
 import torch
-from _common import (
-    add_device_arguments,
-    add_transformer_xl_shape_arguments,
-    command_line,
-    device_and_dtype,
-    load_at_end,
-    machine_info,
-    markdown_table,
-    setup,
-    transformer_xl_dims,
-    write_section,
-)
 
 from hf_recurrence import TransformerXLConfig, TransformerXLLMHeadModel
 from hf_recurrence.data import END_OF_TEXT, python_stdlib_documents, train_byte_level_bpe
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_transformer_xl_shape_arguments(
+    # One thread by default: no parallel regions to wait for on a busy machine. The trained model's quality is what
+    # is measured, so float32 on CUDA too.
+    parser = bench.benchmark_parser(__doc__, __file__, threads=1, cuda_dtype="float32")
+    bench.add_transformer_xl_shape_arguments(
         parser, {"n_layer": 4, "d_model": 128, "n_head": 4, "d_head": 32, "d_inner": 512, "vocab_size": 2000}
     )
-    add_device_arguments(parser, cuda_dtype="float32")
     parser.add_argument("--segment-length", type=int, default=32)
     parser.add_argument("--mem-len", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -54,9 +35,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--eval-docs", type=int, default=12)
     parser.add_argument("--eval-tokens", type=int, default=40000)
     parser.add_argument("--eval-streams", type=int, default=8, help="the held-out text is read as parallel streams")
-    parser.add_argument("--threads", type=int, default=1, help="1: no parallel regions to wait for on a busy machine")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--write-docs", action="store_true")
     return parser.parse_args()
 
 
@@ -121,13 +99,11 @@ def perplexity(model: TransformerXLLMHeadModel, tokens: torch.Tensor, streams: i
 
 def main() -> None:
     args = parse_args()
-    setup(args.seed, args.threads)
-    device, dtype = device_and_dtype(args)
-    info = machine_info(device, dtype)
+    device, dtype, machine = bench.start(args)
     train_tokens, eval_tokens, vocab_size = corpus(args)
     train_tokens, eval_tokens = train_tokens.to(device), eval_tokens.to(device)
     config = TransformerXLConfig(
-        **{**transformer_xl_dims(args), "vocab_size": vocab_size},
+        **{**bench.transformer_xl_dims(args), "vocab_size": vocab_size},
         segment_length=args.segment_length,
         mem_len=args.mem_len,
         dropout=0.1,
@@ -135,28 +111,22 @@ def main() -> None:
     model = TransformerXLLMHeadModel(config).to(device, dtype)
     steps, train_loss = train(model, train_tokens, args)
     print(f"trained {steps} steps of {args.batch_size} x {args.segment_length} tokens, final loss {train_loss:.3f}")
-    rows = []
+    rows, values = [], {"train_steps": steps, "last_train_loss": train_loss, "perplexity_by_mem_len": {}}
     for factor in (0, 1, 2, 4):
         model.config.mem_len = factor * args.mem_len
         ppl = perplexity(model, eval_tokens, args.eval_streams, args.segment_length)
+        values["perplexity_by_mem_len"][model.config.mem_len] = ppl
         rows.append([f"{factor}x" if factor else "none", model.config.mem_len, f"{ppl:.2f}"])
         print(rows[-1])
-    table = markdown_table(["evaluation memory", "mem_len", "held-out perplexity"], rows)
-    print(table)
-    if args.write_docs:
-        body = (
-            "## Transformer-XL memory length at test time (`transformer_xl_memory_length.py`)\n\n"
-            "A Transformer-XL trained with a short memory on the Python standard library's sources (memory carried "
-            "between optimizer steps, as in the paper), evaluated on held-out modules with no memory and with 1x, "
-            "2x and 4x its training memory (paper Table 8: longer memory at test time keeps helping).\n\n"
-            f"{info}; {load_at_end()}.\n\n`{command_line()}`\n\n"
-            f"Model: n_layer={args.n_layer}, d_model={args.d_model}, n_head={args.n_head}, d_head={args.d_head}, "
-            f"d_inner={args.d_inner}, vocab {vocab_size} (byte-level BPE trained on the training modules), "
-            f"segment_length={args.segment_length}, training mem_len={args.mem_len}; {steps} steps of "
-            f"{args.batch_size} x {args.segment_length} tokens in {args.train_seconds:.0f} s, last training loss "
-            f"{train_loss:.3f}; {eval_tokens.shape[0] - 1} held-out tokens.\n\n{table}"
-        )
-        write_section("transformer_xl_memory_length", body)
+    table = bench.table(["evaluation memory", "mem_len", "held-out perplexity"], rows)
+    model_line = (
+        f"Model: n_layer={args.n_layer}, d_model={args.d_model}, n_head={args.n_head}, d_head={args.d_head}, "
+        f"d_inner={args.d_inner}, vocab {vocab_size} (byte-level BPE trained on the training modules), "
+        f"segment_length={args.segment_length}, training mem_len={args.mem_len}; {steps} steps of "
+        f"{args.batch_size} x {args.segment_length} tokens in {args.train_seconds:.0f} s, last training loss "
+        f"{train_loss:.3f}; {eval_tokens.shape[0] - 1} held-out tokens."
+    )
+    bench.write_results(args, machine, {"perplexity": table}, values, {"model": [model_line]})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
-"""The benchmark scripts: every one takes --device and --dtype, and those that count rather than time run end to end
-at a tiny size (no timing is asserted)."""
+"""The benchmark scripts: every one takes --device and --dtype, those that count rather than time run end to end
+at a tiny size and write their JSON result (no timing is asserted), and docs/benchmarks.md is what the recorded
+results render to."""
 
+import importlib.util
+import json
 import runpy
 import subprocess
 import sys
@@ -12,7 +15,10 @@ from .common import REPO_ROOT
 
 
 BENCHMARKS = REPO_ROOT / "benchmarks"
-SCRIPTS = sorted(path.name for path in BENCHMARKS.glob("*.py") if not path.name.startswith("_"))
+# render.py measures nothing: it has no device.
+SCRIPTS = sorted(
+    path.name for path in BENCHMARKS.glob("*.py") if not path.name.startswith("_") and path.stem != "render"
+)
 
 
 def _run(script: str, *arguments: str) -> subprocess.CompletedProcess:
@@ -31,26 +37,113 @@ def _exit_of(script: str, *arguments: str, monkeypatch: pytest.MonkeyPatch) -> S
     return exit_info.value
 
 
-def test_host_syncs_counts_one_read_per_forward_without_padding():
+# What every result file written by a run holds (`_common.write_results`).
+RESULT_KEYS = {"script", "command", "date", "note", "machine", "settings", "values", "tables", "text"}
+MACHINE_KEYS = {
+    "commit",
+    "cpu",
+    "cpus",
+    "torch_threads",
+    "python",
+    "torch",
+    "transformers",
+    "device",
+    "gpu",
+    "dtype",
+    "load_average_at_start",
+    "load_average_at_end",
+    "description",
+    "at_end",
+}
+
+
+def _written(path) -> dict:
+    result = json.loads(path.read_text())
+    assert set(result) >= RESULT_KEYS
+    assert set(result["machine"]) >= MACHINE_KEYS
+    assert result["machine"]["device"] == "cpu" and result["machine"]["dtype"] == "float32"
+    assert result["command"].startswith(f"python benchmarks/{result['script']} ")
+    return result
+
+
+def test_host_syncs_counts_one_read_per_forward_without_padding(tmp_path):
+    output = tmp_path / "host_syncs.json"
     result = _run(
-        "host_syncs.py", "--layers", "2", "--hidden", "32", "--window-size", "8", "--windows", "3", "--new-tokens", "4"
+        "host_syncs.py",
+        *("--layers", "2", "--hidden", "32", "--window-size", "8", "--windows", "3", "--new-tokens", "4"),
+        *("--device", "cpu", "--output-json", str(output)),
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    rows = {line.split("|")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("| ")}
+    counts = _written(output)["values"]
     for family in ("recurrent GPT-2", "recurrent Llama", "Transformer-XL"):
-        assert rows[family].split("|")[2].strip() == "1"  # forward: host reads
-    assert "stock GPT-2" in rows
+        assert counts[family]["forward_host_reads"] == 1
+    assert "stock GPT-2" in counts
 
 
-def test_prefill_memory_runs_end_to_end():
+def test_prefill_memory_runs_end_to_end(tmp_path):
+    output = tmp_path / "prefill.json"
     shape = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--vocab-size", "100", "--n-positions", "32"]
     result = _run(
-        "prefill_memory.py", *shape, "--window-size", "8", "--prompt-tokens", "24", "--models", "recurrent GPT-2"
+        "prefill_memory.py",
+        *shape,
+        *("--window-size", "8", "--prompt-tokens", "24", "--models", "recurrent GPT-2"),
+        *("--device", "cpu", "--output-json", str(output)),
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    rows = {line.split("|")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("| ")}
+    written = _written(output)
+    assert written["settings"]["prompt_tokens"] == [24]
     # generate() asks the head for the last position's logits only.
-    assert rows["recurrent GPT-2"].split("|")[-2].strip() == "yes"
+    rows = {row[0]: row for row in written["tables"]["prefill"]["rows"]}
+    assert rows["recurrent GPT-2"][-1] == "yes"
+    assert written["values"]["recurrent GPT-2, 24 tokens"]["last_logits_only"] is True
+
+
+def _render_module():
+    spec = importlib.util.spec_from_file_location("render", BENCHMARKS / "render.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_docs_benchmarks_is_rendered_from_the_recorded_results():
+    render = _render_module()
+    text = render.DOCS_PATH.read_text()
+    assert text == render.render(text, render.load_results()), "run python benchmarks/render.py"
+
+
+def test_every_region_of_the_docs_has_a_result_and_every_result_is_shown():
+    render = _render_module()
+    names = render.REGION.findall(render.DOCS_PATH.read_text())
+    results = render.load_results()
+    assert {name.split(".")[0] for name in names} == set(results)
+    for name, result in results.items():
+        assert {"script", "command", "date", "machine", "tables"} <= set(result), name
+        assert (BENCHMARKS / result["script"]).exists(), name
+        # Recorded before the JSON files existed: the page's numbers, marked as transcribed.
+        if "values" not in result:
+            assert result["transcribed_from"] == "docs/benchmarks.md", name
+
+
+def test_a_rendered_region_follows_its_result():
+    render = _render_module()
+    result = {
+        "command": "python benchmarks/x.py",
+        "machine": {"description": "commit abc", "at_end": "at the end: load average 1.00"},
+        "tables": {"t": {"headers": ["a", "b"], "rows": [["1", "2"]], "align": ["", "right"]}},
+        "text": {"verdict": ["Goal met."]},
+    }
+    page = "".join(
+        f"<!-- benchmark:x.{part} -->\nstale\n<!-- /benchmark:x.{part} -->\n"
+        for part in ("command", "machine", "t", "verdict")
+    )
+    rendered = render.render(page, {"x": result})
+    assert "stale" not in rendered
+    assert "`python benchmarks/x.py`" in rendered
+    assert "Machine: commit abc; at the end: load average 1.00." in rendered
+    assert "| a | b |\n| --- | ---: |\n| 1 | 2 |" in rendered
+    assert "Goal met." in rendered
+    with pytest.raises(KeyError, match="no benchmarks/results/y.json"):
+        render.render("<!-- benchmark:y.t -->\n<!-- /benchmark:y.t -->", {"x": result})
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
