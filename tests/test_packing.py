@@ -116,7 +116,7 @@ def test_plain_position_ids_change_nothing(family):
         ([[0, 1, 3, 4, 5]], "column 2, position 3 follows 1"),
         ([[0, 1, 2, 2, 3]], "column 3, position 2 follows 2"),
         ([[0, 1, -1, 0, 1]], "column 2, position -1 follows 1"),
-        ([[2, 3, 4, 5, 6]], "first position is 2 but no past_key_values continue it"),
+        ([[2, 3, 4, 5, 6]], "first position is 2 but no state passed as .* continues it"),
         ([0, 1, 2, 3, 4], r"must be \(batch, length\).*got shape \(5,\)"),
         ([[0, 1, 2, 3]], r"got shape \(1, 4\)"),
     ],

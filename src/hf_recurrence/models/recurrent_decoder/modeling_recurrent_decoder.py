@@ -442,7 +442,7 @@ def _document_starts(position_ids: torch.Tensor | None, real: torch.Tensor, cont
         if has_previous[row, column]:
             problem = f"position {int(positions[row, column])} follows {int(positions[row, previous[row, column]])}"
         else:
-            problem = f"the row's first position is {int(positions[row, column])} but no {STATE_NAME} continue it"
+            problem = f"the row's first position is {int(positions[row, column])} but no state passed as {STATE_NAME} continues it"
         raise ValueError(
             "position_ids must count up by one within each packed document and restart at 0 where the next one "
             f"begins; at row {row}, column {column}, {problem}"
@@ -1399,6 +1399,29 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         (see `_StepOutput.result`) and every hidden state, (batch, cols, hidden) each."""
         raise NotImplementedError
 
+    def _read_hidden_states(
+        self,
+        input_ids: torch.LongTensor | None,
+        attention_mask: torch.Tensor | None,
+        state: RecurrentDecoderState | None,
+        inputs_embeds: torch.FloatTensor | None,
+        use_cache: bool | None,
+        output_hidden_states: bool | None,
+        output_attentions: bool | None,
+        return_dict: bool | None,
+        kwargs: dict,
+    ) -> RecurrentDecoderModelOutput:
+        """Read the input window by window and return every new position's final hidden state (after the final norm),
+        with the state and, when asked, every layer's hidden states and attention weights."""
+        embeds, real, document_starts, state = self._prepare(input_ids, attention_mask, state, inputs_embeds, kwargs)
+        output_hidden_states, output_attentions = self._output_flags(output_hidden_states, output_attentions)
+        steps = self._forward_windows(
+            embeds, real, document_starts, state, None, None, None, output_hidden_states, output_attentions
+        )
+        run = _WindowsRun(state, steps, output_hidden_states, output_attentions)
+        output = RecurrentDecoderModelOutput(last_hidden_state=run.results(), **run.outputs(use_cache))
+        return output if return_dict is not False else output.to_tuple()
+
     def _h_prev_rotation(self, h_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The rotation (cos, sin) of the `h_prev` key, (batch, 1, rotary_dim) each, per `h_prev_rope_position`: the
         backbone's own rotary embedding of the insertion layer at that window position. None leaves it unrotated."""
@@ -1550,6 +1573,42 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         )
 
 
+class RecurrentDecoderBaseModelView:
+    """`RecurrentDecoderForCausalLM.base_model`: called with the inputs of `RecurrentDecoderModel.forward`, the causal
+    LM's final hidden states (no logits); any attribute is the stock backbone's."""
+
+    def __init__(self, model: "RecurrentDecoderForCausalLM"):
+        self._model = model
+
+    def __call__(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: RecurrentDecoderState | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        cache: RecurrentDecoderState | None = None,
+        **kwargs,
+    ) -> RecurrentDecoderModelOutput:
+        return self._model._read_hidden_states(
+            input_ids,
+            attention_mask,
+            _given_state(past_key_values, cache),
+            inputs_embeds,
+            use_cache,
+            output_hidden_states,
+            output_attentions,
+            return_dict,
+            kwargs,
+        )
+
+    def __getattr__(self, name: str):
+        return getattr(self._model.backbone, name)
+
+
 class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
     """A stock transformers decoder (`backbone`) that reads text window by window with the paper's recurrence.
 
@@ -1590,6 +1649,14 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
     def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
         self.backbone.set_output_embeddings(new_embeddings)
 
+    @property
+    def base_model(self) -> "RecurrentDecoderBaseModelView":
+        """The model without its language-modelling head, as tools that apply the head themselves call it (TRL's
+        fused LM head, Liger kernels): the stock backbone's attributes, and called, the text read window by window
+        with the recurrence, returning every position's final hidden state. (The stock backbone itself is
+        `model.backbone`; run outside the window loop, it refuses to run.)"""
+        return RecurrentDecoderBaseModelView(self)
+
     def _get_stopping_criteria(self, *args, **kwargs) -> StoppingCriteriaList:
         criteria = super()._get_stopping_criteria(*args, **kwargs)
         for criterion in criteria:
@@ -1625,7 +1692,9 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
         keep = settings.logits_to_keep
         # An empty tensor of positions keeps none (0 would keep all), so the head computes nothing.
         out = self.backbone(**inputs, logits_to_keep=keep if keep is not None else torch.zeros(0, dtype=torch.long))
-        return (out.logits if keep is not None else None), out.hidden_states
+        if keep is None:  # no logits asked for: the final hidden states, as the bare model returns (`base_model`)
+            return out.hidden_states[-1][:, -settings.num_new :], out.hidden_states
+        return out.logits, out.hidden_states
 
     def _targets(
         self,
@@ -1803,16 +1872,17 @@ class RecurrentDecoderModel(RecurrentDecoderWindowModel):
         `cache` from transformers 5.24 on) may come from either model with the same weights: the input continues its
         text exactly.
         """
-        embeds, real, document_starts, state = self._prepare(
-            input_ids, attention_mask, _given_state(past_key_values, cache), inputs_embeds, kwargs
+        return self._read_hidden_states(
+            input_ids,
+            attention_mask,
+            _given_state(past_key_values, cache),
+            inputs_embeds,
+            use_cache,
+            output_hidden_states,
+            output_attentions,
+            return_dict,
+            kwargs,
         )
-        output_hidden_states, output_attentions = self._output_flags(output_hidden_states, output_attentions)
-        steps = self._forward_windows(
-            embeds, real, document_starts, state, None, None, None, output_hidden_states, output_attentions
-        )
-        run = _WindowsRun(state, steps, output_hidden_states, output_attentions)
-        output = RecurrentDecoderModelOutput(last_hidden_state=run.results(), **run.outputs(use_cache))
-        return output if return_dict is not False else output.to_tuple()
 
 
 class RecurrentDecoderForSequenceClassification(GenericForSequenceClassification, RecurrentDecoderPreTrainedModel):

@@ -41,7 +41,6 @@ def _given_state(past_key_values: object | None, cache: object | None) -> object
     return past_key_values if cache is None else cache
 
 
-# Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._model_output_class
 def _model_output_class(name: str, doc: str, fields: dict[str, object]) -> type[ModelOutput]:
     """A ModelOutput dataclass with `fields` (name -> annotation, each defaulting to None), in which the field named
     `past_key_values` takes the installed transformers' name for the state (a dataclass's field names are fixed when
@@ -135,7 +134,7 @@ def _document_starts(position_ids: torch.Tensor | None, real: torch.Tensor, cont
         if has_previous[row, column]:
             problem = f"position {int(positions[row, column])} follows {int(positions[row, previous[row, column]])}"
         else:
-            problem = f"the row's first position is {int(positions[row, column])} but no past_key_values continue it"
+            problem = f"the row's first position is {int(positions[row, column])} but no state passed as {STATE_NAME} continues it"
         raise ValueError(
             "position_ids must count up by one within each packed document and restart at 0 where the next one "
             f"begins; at row {row}, column {column}, {problem}"
@@ -149,7 +148,7 @@ def _drop_cross_document_targets(targets: torch.Tensor, position_ids: torch.Tens
     """(batch, length) shifted targets without those of the positions followed by a document start (position 0): the
     last token of a packed document does not predict the first token of the next."""
     if position_ids is None or position_ids.shape[-1] != targets.shape[-1]:
-        # A misshapen position_ids is reported by the backbone's input checks.
+        # A misshapen position_ids is reported by `_document_starts`.
         return targets
     next_starts = nn.functional.pad(position_ids[..., 1:] == 0, (0, 1), value=False)  # ([batch,] length)
     return targets.masked_fill(next_starts.to(targets.device), -100)
@@ -466,10 +465,10 @@ def _check_finite(tensors: dict[str, torch.Tensor], source: object) -> None:
             raise ValueError(f"{source} has non-finite values (NaN or inf) in {name!r}")
 
 
-# Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._check_state_fits
-def _check_state_fits(found: dict, expected: dict, source: object) -> None:
-    """Refuse a state of another model shape (layers, heads, sizes), batch size or dtype than `expected`, naming every
-    difference in one error."""
+# Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._check_state_model_shape
+def _check_state_model_shape(found: dict, expected: dict, source: object) -> None:
+    """Refuse a state of another model shape (backbone, layers, heads, sizes), batch size or dtype than `expected`,
+    naming every difference in one error."""
     found = found if isinstance(found, dict) else {}
     differences = [
         f"{key}={found.get(key)!r} ({'the input' if key == 'batch_size' else 'this model'}: {value!r})"
@@ -477,7 +476,7 @@ def _check_state_fits(found: dict, expected: dict, source: object) -> None:
         if found.get(key) != value
     ]
     if differences:
-        cast = found.get("dtype") != expected.get("dtype") and "dtype" in expected
+        cast = "dtype" in expected and found.get("dtype") != expected["dtype"]
         raise ValueError(
             f"{source} does not fit this model: "
             + ", ".join(differences)
@@ -739,9 +738,7 @@ class TransformerXLState:
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> None:
         """Write the state to a safetensors file (its tensors plus a JSON header: family, format version, model shape,
         the state's settings), to continue the text later, elsewhere, or with the model loaded as remote code.
-
-        Autograd history is not saved. Refuses to replace an existing file unless `overwrite=True`.
-        """
+        Autograd history is not saved. Refuses to replace an existing file unless `overwrite=True`."""
         tensors, header = self._file_contents()
         _write_state_file(path, tensors, header, overwrite)
 
@@ -752,12 +749,12 @@ class TransformerXLState:
     ) -> "TransformerXLState":
         """Read a state written by `save()` for a model with `config`, onto `device` (default: CPU).
 
-        Refuses, naming the difference, a file of another model family, of another model shape, of another state
-        file format version, or with settings this config cannot run. The state is only meaningful with the weights
-        that produced it; that is not checked.
+        Refuses, naming the difference, a file of another model family, of another backbone or model shape, of
+        another state file format version, or with settings this config cannot run. The state is only meaningful
+        with the weights that produced it; that is not checked.
         """
-        tensors, header = _read_state_file(path, config.model_type, device)
-        _check_state_fits(header.get("model_shape"), cls._config_model_shape(config), path)
+        tensors, header = _read_state_file(path, cls._family, device)
+        _check_state_model_shape(header.get("model_shape"), cls._config_model_shape(config), path)
         return cls._from_file_contents(config, tensors, header, path)
 
     def _file_contents(self) -> tuple[dict[str, torch.Tensor], dict]:
@@ -769,11 +766,11 @@ class TransformerXLState:
         header = {
             "family": self._family,
             "seen_tokens": self.seen_tokens,
-            "model_shape": self._model_shape_of_tensors(),
+            "model_shape": self._model_shape(),
         }
         return tensors, header
 
-    def _model_shape_of_tensors(self) -> dict[str, int]:
+    def _model_shape(self) -> dict[str, int]:
         key = self.keys[0]  # (batch, head, slots, d_head)
         return {
             "layers": len(self.keys),
@@ -831,13 +828,14 @@ class TransformerXLState:
         cls, state: object, config: TransformerXLConfig, batch_size: int, dtype: torch.dtype
     ) -> "TransformerXLState":
         """`state` as an instance of this class, checked to fit a model with `config` reading `batch_size` rows in
-        `dtype`: itself, or a state of the same family built by another copy of this class (the installed package's
-        vs the one loaded as Hub remote code), rebuilt from its tensors (not copied) and checked as a file is."""
+        `dtype` (every difference in one error): itself, or a state of the same family built by another copy of this
+        class (the installed package's vs the one loaded as Hub remote code), rebuilt from its tensors (not copied)
+        and checked as a file is."""
         if not isinstance(state, cls):
             state = cls._adopt_other_copy(state, config)
-        found = {**state._model_shape_of_tensors(), "batch_size": state.batch_size, "dtype": state.dtype}
+        found = {**state._model_shape(), "batch_size": state.batch_size, "dtype": state.dtype}
         expected = {**cls._config_model_shape(config), "batch_size": batch_size, "dtype": dtype}
-        _check_state_fits(found, expected, "past_key_values")
+        _check_state_model_shape(found, expected, STATE_NAME)
         return state
 
     # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderState._adopt_other_copy with RecurrentDecoderConfig->TransformerXLConfig, RecurrentDecoderState->TransformerXLState
@@ -847,14 +845,14 @@ class TransformerXLState:
             # PEFT prefix tuning is the usual source of a transformers Cache here: it pre-fills one with its
             # virtual tokens, which a state bounded by one window has no place for.
             raise TypeError(
-                f"past_key_values must be a {cls.__name__} returned by this model (or saved by one and read with "
+                f"{STATE_NAME} must be a {cls.__name__} returned by this model (or saved by one and read with "
                 f"{cls.__name__}.load), got {type(state).__name__}. A transformers Cache cannot carry this model's "
                 "recurrent state, so PEFT prefix tuning (which passes one holding its virtual tokens) is not "
                 "supported; LoRA and prompt tuning are"
             )
         tensors, header = state._file_contents()
         source = f"the {type(state).__module__} state"
-        _check_state_fits(header.get("model_shape"), cls._config_model_shape(config), source)
+        _check_state_model_shape(header.get("model_shape"), cls._config_model_shape(config), source)
         return cls._from_file_contents(config, tensors, header, source)
 
     def __repr__(self) -> str:
@@ -921,6 +919,7 @@ TransformerXLCausalLMOutput = _model_output_class(
 
 class TransformerXLPreTrainedModel(PreTrainedModel):
     config_class = TransformerXLConfig
+    state_class = TransformerXLState
     base_model_prefix = "transformer"
     supports_gradient_checkpointing = True
     _no_split_modules = ["TransformerXLLayer"]
@@ -933,11 +932,11 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
         # generate() must not hand us a DynamicCache: the model creates and returns its own TransformerXLState.
         return False
 
-    # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderForCausalLM.load_state with RecurrentDecoderState->TransformerXLState
+    # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderPreTrainedModel.load_state with RecurrentDecoderState->TransformerXLState
     def load_state(self, path: str | os.PathLike) -> TransformerXLState:
-        """A state written by `TransformerXLState.save`, read onto the model's device, to pass as `past_key_values`
-        and continue the text it read (see `TransformerXLState.load` for what is checked)."""
-        return TransformerXLState.load(path, self.config, self.device)
+        """A state written by `TransformerXLState.save`, read onto the model's device (see
+        `TransformerXLState.load` for what is checked)."""
+        return self.state_class.load(path, self.config, self.device)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -1261,7 +1260,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         )
         return output if return_dict is not False else output.to_tuple()
 
-    # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderForCausalLM._output_flags
+    # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderWindowModel._output_flags
     def _output_flags(self, output_hidden_states: bool | None, output_attentions: bool | None) -> tuple[bool, bool]:
         """The call's values, else the config's."""
         return (
