@@ -68,6 +68,10 @@ logger = logging.getLogger(__name__)
 MODEL_TYPES = ("recurrent_gpt2", "gpt2")
 
 
+# The recurrence settings this script takes: every one but the rotary position of h_prev (GPT-2's are absolute).
+RECURRENCE_SETTINGS = [name for name in RecurrentGPT2Config.family_settings if name != "h_prev_rope_position"]
+
+
 @dataclass
 class ModelArguments:
     model_name_or_path: str = field(
@@ -101,6 +105,13 @@ class ModelArguments:
     )
     bptt_windows: int | None = field(
         default=None, metadata={"help": "Backpropagate at most this many windows back (recurrent_gpt2). Default: all."}
+    )
+    normalize_pooled_states: bool | None = field(
+        default=None, metadata={"help": "Scale each layer's states to unit RMS before pooling (recurrent_gpt2)."}
+    )
+    recurrence_input: str | None = field(
+        default=None,
+        metadata={"help": "window (the paper) or zeros (the control: a learned constant h_prev) (recurrent_gpt2)."},
     )
     use_lora: bool = field(
         default=False,
@@ -136,7 +147,7 @@ def load_model(model_args: ModelArguments) -> PreTrainedModel:
     """The model to train: a GPT-2 for the baseline, else a recurrent GPT-2 with the recurrence settings given."""
     overrides = {
         name: getattr(model_args, name)
-        for name in RecurrentGPT2Config.family_settings
+        for name in RECURRENCE_SETTINGS
         if getattr(model_args, name) is not None
     }
     if model_args.model_type == "gpt2":
@@ -168,7 +179,7 @@ def check_lora_base(model_args: ModelArguments) -> None:
     saved_type = PreTrainedConfig.get_config_dict(model_args.model_name_or_path)[0].get("model_type")
     changed = [
         name
-        for name in RecurrentGPT2Config.family_settings
+        for name in RECURRENCE_SETTINGS
         if name != "bptt_windows" and getattr(model_args, name) is not None
     ]
     if saved_type != "recurrent_gpt2" or changed:

@@ -74,8 +74,8 @@ def test_push_uploads_everything_in_one_commit(pushed_with_card, hub_server):
         "config.json",
         "model.safetensors",
         "generation_config.json",
-        "configuration_recurrent_gpt2.py",
-        "modeling_recurrent_gpt2.py",
+        "configuration_recurrent_decoder.py",
+        "modeling_recurrent_decoder.py",
         "tokenizer.json",
         "tokenizer_config.json",
     } <= files

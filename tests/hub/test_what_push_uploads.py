@@ -93,9 +93,9 @@ def test_push_uploads_exactly_the_checkpoint_and_says_so_first(tmp_path, caplog,
     stdlib_tokenizer().save_pretrained(folder)
     checkpoint = {path.name for path in folder.iterdir()}
     # The model code imports a sibling file: it is part of the checkpoint too.
-    modeling = folder / "modeling_recurrent_gpt2.py"
-    modeling.write_text(modeling.read_text() + "\nfrom .helpers_recurrent_gpt2 import HELPER  # noqa\n")
-    (folder / "helpers_recurrent_gpt2.py").write_text("HELPER = 1\n")
+    modeling = folder / "modeling_recurrent_decoder.py"
+    modeling.write_text(modeling.read_text() + "\nfrom .helpers_recurrent_decoder import HELPER  # noqa\n")
+    (folder / "helpers_recurrent_decoder.py").write_text("HELPER = 1\n")
     (folder / "my_secrets.py").write_text(f"TOKEN = {SECRET!r}\n")
     (folder / "notes.txt").write_text("my notes")
     outside = tmp_path / "bashrc"
@@ -108,12 +108,12 @@ def test_push_uploads_exactly_the_checkpoint_and_says_so_first(tmp_path, caplog,
     with caplog.at_level(logging.WARNING, logger="hf_recurrence.hub"):
         assert main(["push", str(folder), "alice/exact"]) == 0
     uploaded = set(HfApi().list_repo_files("alice/exact")) - {".gitattributes"}
-    assert uploaded == {*checkpoint, "helpers_recurrent_gpt2.py", "README.md"}
+    assert uploaded == {*checkpoint, "helpers_recurrent_decoder.py", "README.md"}
     for name in uploaded:
         assert SECRET.encode() not in Path(hf_hub_download("alice/exact", name)).read_bytes(), name
     printed = capsys.readouterr().out
     assert printed.index("Uploading from") < printed.index("Pushed")
-    assert "helpers_recurrent_gpt2.py" in printed and "README.md (the model card" in printed
+    assert "helpers_recurrent_decoder.py" in printed and "README.md (the model card" in printed
     (left_out,) = [record.getMessage() for record in caplog.records if "Not uploaded" in record.getMessage()]
     assert "(a symlink pointing out of the folder): tokenizer.model" in left_out
     assert "(a saved recurrent state, which holds the text it read; --include its exact name): state.safetensors" in (

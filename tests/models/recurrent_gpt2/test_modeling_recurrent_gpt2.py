@@ -173,7 +173,7 @@ class TestForward:
     def test_state_batch_mismatch_is_refused(self):
         model = make_model()
         state = model(torch.randint(0, 99, (2, 5))).past_key_values
-        with pytest.raises(ValueError, match=r"holds 2 rows but the input has batch size 3"):
+        with pytest.raises(ValueError, match=r"batch_size=2 \(the input: 3\)"):
             model(torch.randint(0, 99, (3, 1)), past_key_values=state)
 
 
