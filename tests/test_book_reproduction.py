@@ -132,6 +132,21 @@ def test_gemma3_preset_runs_every_arm_on_a_gemma3_text_model(books_available, ti
     assert not torch.equal(recurrent["layer_weight_logits"], torch.zeros(3))
 
 
+def test_a_family_without_a_flops_count_runs_with_the_count_left_out(books_available, tmp_path):
+    # Qwen2 has no analytic count: its rows keep a dash for FLOPs/token and the plot (which needs them) is skipped.
+    tokenizer = stdlib_tokenizer()
+    _tiny_stock("qwen2", vocab_size=len(tokenizer)).save_pretrained(tmp_path / "qwen2")
+    tokenizer.save_pretrained(tmp_path / "qwen2")
+    out = tmp_path / "run"
+    status = main(["reproduce", "--preset", "smollm2", "--model_name_or_path", str(tmp_path / "qwen2"),
+                   "--output_dir", str(out), *TINY_RUN, "--overlap_fractions", "0", "--max_steps", "1"])  # fmt: skip
+    assert status == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [row["model"] for row in rows][-3:] == ["recurrent", "shuffled", "control"]
+    assert all(row["flops_per_token"] is None and math.isfinite(row["perplexity"]) for row in rows)
+    assert not (out / "perplexity_vs_flops.png").exists() and (out / "nll_by_window_position.png").exists()
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
