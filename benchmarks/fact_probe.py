@@ -11,7 +11,7 @@ from dataclasses import asdict
 
 import _common as bench
 
-from hf_recurrence.book_reproduction import BookReproductionSettings, load_llama, run_fact_probe
+from hf_recurrence.book_reproduction import BookReproductionSettings, load_causal_lm, run_fact_probe
 from hf_recurrence.data import austen_split, token_stream
 
 
@@ -23,14 +23,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4, help="probe examples per step")
     parser.add_argument("--window-size", type=int, default=128)
     parser.add_argument("--held-out", type=int, default=64, help="validation-book examples scored")
-    parser.add_argument("--model-name-or-path", default=None, help="a Llama folder or .gguf (default: SmolLM2)")
+    parser.add_argument("--model-name-or-path", default=None, help="a causal LM folder, .gguf, smollm2-135m or gemma3-270m")
     parser.add_argument("--bf16", action="store_true", help="train under bfloat16 autocast")
     args = parser.parse_args()
     bench.setup(0, args.threads)
     device, dtype = bench.trainer_device(args, "the arms are trained by the Trainer, on its device in float32")
     machine = bench.describe_machine(device, dtype)
     start = time.perf_counter()
-    llama, tokenizer, source = load_llama(args.model_name_or_path)
+    llama, tokenizer, source = load_causal_lm(args.model_name_or_path)
     llama.to(device).requires_grad_(False)
     train_stream = token_stream([book.text for book in austen_split("train")], tokenizer)
     validation_stream = token_stream([book.text for book in austen_split("validation")], tokenizer)

@@ -25,12 +25,12 @@ from hf_recurrence.book_reproduction import (
     compare,
     describe,
     held_out_documents,
-    load_llama,
+    load_causal_lm,
+    recurrent_arm,
     train_arm,
 )
 from hf_recurrence.data import austen_split, token_stream
 from hf_recurrence.evaluation import windowed_perplexity
-from hf_recurrence.smollm2 import recurrent_llama_from_llama
 
 
 def parse_change(text: str) -> tuple[str, object]:
@@ -61,7 +61,7 @@ def main() -> None:
     settings = BookReproductionSettings(**{**report["settings"], "eval_split": "validation"})
     name, value = args.change
     changed_arm = f"recurrent, {name}={json.dumps(value)}"
-    llama, tokenizer, _ = load_llama(settings.model_name_or_path)
+    llama, tokenizer, _ = load_causal_lm(settings.model_name_or_path)
     # Every arm is built on this model's device: the stock model's evaluation runs where the trained arms' does.
     llama.to(device).requires_grad_(False)
     documents, read = held_out_documents(settings, tokenizer)
@@ -74,7 +74,7 @@ def main() -> None:
 
     evaluate(llama, "baseline")
     for arm, recurrence_input in TRAINED_ARMS.items():
-        model = recurrent_llama_from_llama(llama, **settings.recurrence_settings(), recurrence_input=recurrence_input)
+        model = recurrent_arm(llama, **settings.recurrence_settings(), recurrence_input=recurrence_input)
         model.recurrence.load_state_dict(load_file(args.reproduction_dir / f"recurrence_{arm}.safetensors"))
         evaluate(model, arm)
     stream = token_stream([book.text for book in austen_split("train")], tokenizer)

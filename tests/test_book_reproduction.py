@@ -1,5 +1,6 @@
-"""`hf-recurrence reproduce --preset smollm2`: the baseline / recurrent / control arms on the Austen books, run end to end
-on a tiny Llama (the real SmolLM2 run is recorded in docs/benchmarks.md)."""
+"""`hf-recurrence reproduce --preset smollm2` / `--preset gemma3`: the baseline / recurrent / control arms on the Austen
+books, run end to end on a tiny Llama and a tiny Gemma 3 text decoder (the real SmolLM2 run is recorded in
+docs/benchmarks.md; no Gemma run is recorded yet)."""
 
 import inspect
 import json
@@ -10,7 +11,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from hf_recurrence import book_reproduction
 from hf_recurrence.book_reproduction import BookReproductionSettings
@@ -21,7 +22,8 @@ from hf_recurrence.data import books_cache_dir
 from hf_recurrence.evaluation import WindowPrefixed, windowed_perplexity
 from hf_recurrence.outputs import UsageError
 
-from .common import TINY_LLAMA, stdlib_tokenizer
+from .common import TINY_BACKBONE, TINY_LLAMA, stdlib_tokenizer
+from .families import BACKBONES
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +104,49 @@ def test_three_arms_end_to_end(books_available, tiny_llama_folder, tmp_path, cap
     assert not torch.equal(recurrent["ffn.0.weight"], control["ffn.0.weight"])
 
 
+@pytest.fixture(scope="module")
+def tiny_gemma3_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gemma3")
+    tokenizer = stdlib_tokenizer()
+    _tiny_stock("gemma3_text", vocab_size=len(tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_gemma3_preset_runs_every_arm_on_a_gemma3_text_model(books_available, tiny_gemma3_folder, tmp_path):
+    out = tmp_path / "run"
+    status = main(["reproduce", "--preset", "gemma3", "--model_name_or_path", str(tiny_gemma3_folder),
+                   "--output_dir", str(out), *TINY_RUN, "--overlap_fractions", "0", "--max_steps", "2"])  # fmt: skip
+    assert status == 0
+    results = json.loads((out / "results.json").read_text())
+    assert [row["model"] for row in results["rows"]] == [
+        "baseline", "stock+bos", "stock+prompt", "recurrent", "shuffled", "control"
+    ]  # fmt: skip
+    assert all(math.isfinite(row["perplexity"]) and row["num_tokens"] == 2 * 59 for row in results["rows"])
+    # Gemma 3's blocks are counted (the recurrence's share, large on a 32-wide model, is checked on the real shape in
+    # tests/evaluation/test_flops.py): the recurrent arms cost more than the baseline at overlap 0, both the same.
+    flops = {row["model"]: row["flops_per_token"] for row in results["rows"] if row["overlap"] == 0}
+    assert flops["baseline"] < flops["recurrent"] == flops["control"]
+    assert (out / "perplexity_vs_flops.png").stat().st_size > 0
+    recurrent = load_file(out / "recurrence_recurrent.safetensors")
+    assert not torch.equal(recurrent["layer_weight_logits"], torch.zeros(3))
+
+
+def test_a_family_without_a_flops_count_runs_with_the_count_left_out(books_available, tmp_path):
+    # Qwen2 has no analytic count: its rows keep a dash for FLOPs/token and the plot (which needs them) is skipped.
+    tokenizer = stdlib_tokenizer()
+    _tiny_stock("qwen2", vocab_size=len(tokenizer)).save_pretrained(tmp_path / "qwen2")
+    tokenizer.save_pretrained(tmp_path / "qwen2")
+    out = tmp_path / "run"
+    status = main(["reproduce", "--preset", "smollm2", "--model_name_or_path", str(tmp_path / "qwen2"),
+                   "--output_dir", str(out), *TINY_RUN, "--overlap_fractions", "0", "--max_steps", "1"])  # fmt: skip
+    assert status == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [row["model"] for row in rows][-3:] == ["recurrent", "shuffled", "control"]
+    assert all(row["flops_per_token"] is None and math.isfinite(row["perplexity"]) for row in rows)
+    assert not (out / "perplexity_vs_flops.png").exists() and (out / "nll_by_window_position.png").exists()
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -111,7 +156,6 @@ def test_three_arms_end_to_end(books_available, tiny_llama_folder, tmp_path, cap
         (["--eval_tokens_per_book", "8"], "eval_tokens_per_book=8"),
         (["--eval_split", "dev"], "eval_split='dev'"),
         (["--backbone", "half"], "backbone='half'"),
-        (["--lora_target_modules", "c_attn"], "lora_target_modules must name some of"),
         (["--lora_rank", "0"], "lora_rank=0"),
         (["--backbone_learning_rate", "0"], "backbone_learning_rate=0"),
     ],
@@ -134,11 +178,22 @@ def test_gpt2_options_stay_refused_by_the_gpt2_presets(tmp_path, capsys):
     assert "--eval_split do(es) not apply to --preset smoke" in capsys.readouterr().err
 
 
-def test_insertion_layer_outside_the_model_is_refused_before_training(tiny_llama_folder, tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--insertion_layer", "3"], "insertion_layer=3"),
+        # The names depend on the family (GPT-2's c_attn is not a Llama's): checked against the loaded model.
+        (
+            ["--lora_target_modules", "c_attn"],
+            "lora_target_modules must name some of this model's ['q_proj', 'k_proj'",
+        ),
+    ],
+)
+def test_what_the_model_lacks_is_refused_before_training(options, message, tiny_llama_folder, tmp_path, capsys):
     status = main(["reproduce", "--preset", "smollm2", "--model_name_or_path", str(tiny_llama_folder),
-                   "--output_dir", str(tmp_path / "out"), *TINY_RUN, "--insertion_layer", "3"])  # fmt: skip
+                   "--output_dir", str(tmp_path / "out"), *TINY_RUN, *options])  # fmt: skip
     assert status == 2
-    assert "insertion_layer=3" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
@@ -167,12 +222,26 @@ def test_every_book_preset_is_valid_and_reads_the_papers_overlaps(preset):
     assert settings.eval_split == "test"
 
 
-# --- The backbone setting and the decomposition, on a tiny Llama without the books ---
+# --- The backbone setting and the decomposition, on tiny stock models without the books ---
+
+FAMILIES = {backbone.name: backbone for backbone in BACKBONES}
+
+
+def _tiny_stock(name: str, **overrides) -> PreTrainedModel:
+    """A tiny random stock model of the backbone table's row `name` (tests/families.py), in eval mode."""
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(name, **{**TINY_BACKBONE, **FAMILIES[name].overrides, **overrides})
+    return AutoModelForCausalLM.from_config(config).eval()
 
 
 def _tiny_llama() -> LlamaForCausalLM:
     torch.manual_seed(0)
     return LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).eval()
+
+
+def _backbone_keys(state: set[str]) -> set[str]:
+    """Stock-model key names: the recurrence core holds the stock model as `backbone`."""
+    return {key.removeprefix("backbone.") for key in state}
 
 
 def _settings(**overrides) -> BookReproductionSettings:
@@ -188,37 +257,57 @@ def _changed(before: dict, after: dict) -> set[str]:
     return {key for key, value in after.items() if key not in before or not torch.equal(before[key], value)}
 
 
-def test_lora_arm_changes_only_lora_merged_layers_and_the_recurrence():
-    llama = _tiny_llama()
-    before = {key: value.clone() for key, value in llama.state_dict().items()}
+def _changed_backbone(before: dict, model: PreTrainedModel) -> set[str]:
+    """The stock model's keys whose weights differ in `model` (a stock model or the core over one)."""
+    after = {key.removeprefix("backbone."): value for key, value in model.state_dict().items()}
+    return {key for key in _changed(before, after) if not key.startswith("recurrence.")}
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen2"])
+def test_lora_arm_changes_only_lora_merged_layers_and_the_recurrence(family):
+    stock = _tiny_stock(family)
+    before = {key: value.clone() for key, value in stock.state_dict().items()}
     model, loss, _ = book_reproduction.train_arm(
-        llama, "window", STREAM, _settings(backbone="lora", lora_target_modules=["q_proj", "down_proj"])
+        stock, "window", STREAM, _settings(backbone="lora", lora_target_modules=["q_proj", "down_proj"])
     )
-    assert loss is not None and type(model).__name__ == "RecurrentLlamaForCausalLM"  # PEFT's wrapper merged away
-    changed = _changed(before, model.state_dict())
-    recurrence = {key for key in changed if ".recurrence." in key}
-    backbone = changed - recurrence
+    assert loss is not None and type(model).__name__ == "RecurrentDecoderForCausalLM"  # PEFT's wrapper merged away
+    assert model.config.text_config.model_type == family
+    changed = _changed({f"backbone.{k}": v for k, v in before.items()}, model.state_dict())
+    recurrence = {key for key in changed if key.startswith("recurrence.")}
     # Adapters on layers 1 and 2 (from the insertion layer up), on the two named projections only.
-    assert backbone == {f"model.layers.{i}.{m}.weight" for i in (1, 2) for m in ("self_attn.q_proj", "mlp.down_proj")}
+    assert changed - recurrence == {
+        f"backbone.model.layers.{i}.{m}.weight" for i in (1, 2) for m in ("self_attn.q_proj", "mlp.down_proj")
+    }
     assert recurrence
-    assert all(torch.equal(value, before[key]) for key, value in llama.state_dict().items())  # the source untouched
+    assert all(torch.equal(value, before[key]) for key, value in stock.state_dict().items())  # the source untouched
 
 
-def test_baseline_trains_the_same_backbone_parameters_as_the_recurrent_arms():
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_default_lora_targets_are_every_linear_layer_of_a_decoder_layer_from_the_insertion_layer_up(family):
+    stock = _tiny_stock(family)
+    before = {key: value.clone() for key, value in stock.state_dict().items()}
+    model, _, _ = book_reproduction.train_arm(stock, "window", STREAM, _settings(backbone="lora"))
+    projections = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"]
+    projections += ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+    assert _changed_backbone(before, model) == {f"model.layers.{i}.{m}.weight" for i in (1, 2) for m in projections}
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_baseline_trains_the_same_backbone_parameters_as_the_recurrent_arms(family):
     settings = _settings(backbone="lora", lora_first_layer=0)
-    llama = _tiny_llama()
-    before = {key: value.clone() for key, value in llama.state_dict().items()}
-    baseline, baseline_loss, _ = book_reproduction.train_arm(llama, None, STREAM, settings)
-    recurrent, _, _ = book_reproduction.train_arm(llama, "window", STREAM, settings)
-    assert baseline_loss is not None and type(baseline) is LlamaForCausalLM
-    recurrent_backbone = {key for key in _changed(before, recurrent.state_dict()) if ".recurrence." not in key}
-    assert _changed(before, baseline.state_dict()) == recurrent_backbone
+    stock = _tiny_stock(family)
+    before = {key: value.clone() for key, value in stock.state_dict().items()}
+    baseline, baseline_loss, _ = book_reproduction.train_arm(stock, None, STREAM, settings)
+    recurrent, _, _ = book_reproduction.train_arm(stock, "window", STREAM, settings)
+    assert baseline_loss is not None and type(baseline) is type(stock)
+    assert _changed_backbone(before, baseline) == _changed_backbone(before, recurrent)
     # Frozen: the baseline trains nothing and stays the stock model.
-    frozen, frozen_loss, _ = book_reproduction.train_arm(llama, None, STREAM, _settings())
+    frozen, frozen_loss, _ = book_reproduction.train_arm(stock, None, STREAM, _settings())
     assert frozen_loss is None and not _changed(before, frozen.state_dict())
 
 
-def test_baseline_arm_reads_exactly_the_blocks_the_recurrent_arm_reads(monkeypatch):
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_baseline_arm_reads_exactly_the_blocks_the_recurrent_arm_reads(family, monkeypatch):
     seen: dict[str, list[torch.Tensor]] = {}
     real_fine_tune = book_reproduction.fine_tune
 
@@ -231,24 +320,24 @@ def test_baseline_arm_reads_exactly_the_blocks_the_recurrent_arm_reads(monkeypat
 
     monkeypatch.setattr(book_reproduction, "fine_tune", recording_fine_tune)
     settings = _settings(backbone="full")
-    book_reproduction.train_arm(_tiny_llama(), None, STREAM, settings)
-    book_reproduction.train_arm(_tiny_llama(), "window", STREAM, settings)
+    book_reproduction.train_arm(_tiny_stock(family), None, STREAM, settings)
+    book_reproduction.train_arm(_tiny_stock(family), "window", STREAM, settings)
     assert len(seen["baseline"]) == len(seen["recurrent"]) == 3
     for baseline_step, recurrent_step in zip(seen["baseline"], seen["recurrent"], strict=True):
         assert torch.equal(baseline_step, recurrent_step)  # (batch, 2 windows x 8): the same tokens in order
 
 
 def test_parameter_groups_give_the_recurrence_and_the_backbone_their_own_learning_rates():
-    model = book_reproduction.recurrent_llama_from_llama(_tiny_llama(), window_size=8, insertion_layer=1)
+    model = book_reproduction.recurrent_arm(_tiny_llama(), window_size=8, insertion_layer=1)
     _, groups = book_reproduction.adapt_backbone(model, _settings(backbone="full", backbone_learning_rate=1e-5))
     names = {id(p): n for n, p in model.named_parameters()}
     recurrence, backbone = groups
-    assert recurrence["lr"] == 0.05 and all(".recurrence." in names[id(p)] for p in recurrence["params"])
+    assert recurrence["lr"] == 0.05 and all(names[id(p)].startswith("recurrence.") for p in recurrence["params"])
     assert backbone["lr"] == 1e-5 and len(backbone["params"]) + len(recurrence["params"]) == len(names)
 
 
 def test_shuffled_h_prev_reads_each_row_with_another_rows_summary():
-    model = book_reproduction.recurrent_llama_from_llama(_tiny_llama(), window_size=8, insertion_layer=1)
+    model = book_reproduction.recurrent_arm(_tiny_llama(), window_size=8, insertion_layer=1)
     with torch.no_grad():
         for parameter in model.recurrence.parameters():  # an untrained FFN starts near zero: make it matter
             parameter.normal_()

@@ -320,3 +320,6 @@ def test_findings_check_the_papers_two_claims():
     assert "overlap 0 is 4 (12% of the window, 1.14x the FLOPs/token): 96.00 vs 97.00" in matched
     (_, unmatched) = findings([row("baseline", 0, 100.0), row("recurrent", 0, 90.0)])
     assert "no baseline overlap up to 0 reaches" in unmatched
+    # A family without an analytic FLOPs count (flops_per_token None) gets "n/a" for the cost, not a TypeError.
+    uncounted = [{**r, "flops_per_token": None} for r in rows]
+    assert "overlap 0 is 4 (12% of the window, n/a the FLOPs/token)" in findings(uncounted)[1]

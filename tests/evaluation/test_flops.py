@@ -1,9 +1,9 @@
 """The analytic FLOPs count against the paper's FLOPs/token column and the recurrence's overhead."""
 
 import pytest
-from transformers import GPT2Config, LlamaConfig, MistralConfig
+from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, MistralConfig
 
-from hf_recurrence import RecurrentGPT2Config, RecurrentLlamaConfig
+from hf_recurrence import RecurrentDecoderConfig, RecurrentGPT2Config, RecurrentLlamaConfig
 from hf_recurrence.evaluation import flops_per_token
 
 
@@ -67,3 +67,33 @@ def test_llama_recurrence_adds_under_one_percent_and_overlap_the_recomputed_frac
 def test_other_families_are_refused():
     with pytest.raises(ValueError, match="model_type='mistral'"):
         flops_per_token(MistralConfig(), 16, 0)
+
+
+# Gemma 3 270M's shape: 18 layers, d = 640, 4 query heads and 1 key-value head of 256 (queries wider than d), gated MLP
+# width 2048, a 512-token sliding window on every layer but 5, 11 and 17.
+GEMMA3_270M_SHAPE = {
+    "hidden_size": 640,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 18,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 256,
+    "sliding_window": 512,
+}
+
+
+def test_gemma3_counts_wide_queries_and_sliding_window_layers():
+    config = Gemma3TextConfig(**GEMMA3_270M_SHAPE)
+    assert config.layer_types.count("full_attention") == 3
+    # By hand: per layer q, o (640 x 1024), k, v (640 x 256), gate, up, down (640 x 2048).
+    weights = 18 * (2 * 640 * 1024 + 2 * 640 * 256 + 3 * 640 * 2048)
+    # T = 128 lies inside the sliding window: every layer attends to the whole window.
+    assert flops_per_token(config, 128, 0) == 2 * weights + 2 * 18 * 128 * 1024 == 205_258_752
+    # T = 1024: the 15 sliding-window layers attend to 512 keys, the 3 full-attention layers to 1024.
+    assert flops_per_token(config, 1024, 0) == 2 * weights + 2 * (15 * 512 + 3 * 1024) * 1024 == 222_560_256
+
+
+def test_gemma3_recurrence_adds_under_one_percent():
+    stock = Gemma3TextConfig(**GEMMA3_270M_SHAPE)
+    recurrent = RecurrentDecoderConfig(text_config=Gemma3TextConfig(**GEMMA3_270M_SHAPE), window_size=128)
+    assert flops_per_token(stock, 128, 0) < flops_per_token(recurrent, 128, 0) < 1.01 * flops_per_token(stock, 128, 0)

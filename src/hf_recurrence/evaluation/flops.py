@@ -8,8 +8,10 @@ from transformers import PreTrainedConfig
 RECURRENT_MODEL_TYPES = ("recurrent_decoder", "recurrent_gpt2", "recurrent_llama")
 # Backbones whose blocks are GPT-2 blocks: attention with 4 d x d projections and a two-matrix MLP.
 GPT2_MODEL_TYPES = ("gpt2",)
-# Backbones whose blocks are Llama blocks: grouped-query attention (q and o d x d, k and v d x kv) and a SwiGLU MLP.
-LLAMA_MODEL_TYPES = ("llama",)
+# Backbones whose blocks are Llama blocks: grouped-query attention (q and o d x heads*head_dim, k and v d x kv heads *
+# head_dim) and a gated MLP of three matrices. Gemma 3's text decoder has the same matrices (its extra norms are left
+# out like every norm); only some of its layers attend within a sliding window, which `_attended_keys` counts.
+LLAMA_MODEL_TYPES = ("llama", "gemma3_text")
 FLOPS_MODEL_TYPES = GPT2_MODEL_TYPES + LLAMA_MODEL_TYPES
 
 
@@ -21,21 +23,35 @@ def check_schedule(window_size: int, overlap: int) -> None:
         raise ValueError(f"overlap must satisfy 0 <= overlap < window_size={window_size}, got overlap={overlap!r}")
 
 
-def _block_shape(config: PreTrainedConfig) -> tuple[int, int, int]:
-    """(layers, hidden size d, weights per block) of a GPT-2- or Llama-shaped decoder."""
+def _block_shape(config: PreTrainedConfig) -> tuple[int, int, int, int]:
+    """(layers, hidden size d, weights per block, attention width) of a GPT-2- or Llama-shaped decoder; the attention
+    width is what each query dots with each key (query heads x head dim), d for GPT-2 and for most Llamas."""
     if config.model_type in GPT2_MODEL_TYPES:
         hidden = config.n_embd
         inner = config.n_inner if config.n_inner is not None else 4 * hidden
-        return config.n_layer, hidden, 4 * hidden**2 + 2 * hidden * inner
-    hidden = config.hidden_size
-    attention = 2 * hidden**2 + 2 * hidden * _key_value_width(config)  # q, o: d x d; k, v: d x (kv heads x head dim)
-    return config.num_hidden_layers, hidden, attention + 3 * hidden * config.intermediate_size  # gate, up, down
+        return config.n_layer, hidden, 4 * hidden**2 + 2 * hidden * inner, hidden
+    hidden, query = config.hidden_size, config.num_attention_heads * _head_dim(config)
+    # q, o: d x (heads x head dim), which Gemma 3 makes wider than d; k, v: d x (key-value heads x head dim).
+    attention = 2 * hidden * query + 2 * hidden * _key_value_width(config)
+    return config.num_hidden_layers, hidden, attention + 3 * hidden * config.intermediate_size, query  # gate, up, down
+
+
+def _head_dim(config: PreTrainedConfig) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def _key_value_width(config: PreTrainedConfig) -> int:
     """Width of a Llama block's key (and value) projection: key-value heads x head dimension."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return config.num_key_value_heads * head_dim
+    return config.num_key_value_heads * _head_dim(config)
+
+
+def _attended_keys(config: PreTrainedConfig, window_size: int) -> int:
+    """Keys attended per position, summed over the layers: the window on a full-attention layer, at most
+    `sliding_window` on a sliding-window one (Gemma 3: five layers in six)."""
+    layers = _block_shape(config)[0]
+    types = getattr(config, "layer_types", None) or ["full_attention"] * layers
+    sliding = getattr(config, "sliding_window", None)
+    return sum(min(window_size, sliding) if kind == "sliding_attention" and sliding else window_size for kind in types)
 
 
 def _counted_backbone(config: PreTrainedConfig) -> PreTrainedConfig:
@@ -52,16 +68,18 @@ def flops_per_token(config: PreTrainedConfig, window_size: int, overlap: int = 0
     """Forward FLOPs per predicted token when reading a long document in windows of `window_size` tokens that repeat
     `overlap` tokens.
 
-    Per position the transformer costs `2·N + 2·n_layer·T·d` (Kaplan et al. 2020's count, the one behind the paper's
-    1.75e8 for GPT-2 small at T = 300): `N` non-embedding weights (GPT-2: `n_layer·(4·d² + 2·d·d_inner)`; Llama:
-    `n_layer·(2·d² + 2·d·d_kv + 3·d·d_inner)` with grouped-query k/v of width `d_kv` and the SwiGLU MLP's three
-    matrices), two FLOPs per multiply-add, plus attention over a context of `T = window_size`. A window of `T`
-    positions predicts only its `T - overlap` new tokens, so the recomputation multiplies this by `T / (T - overlap)`.
+    Per position the transformer costs `2·N + 2·n_layer·T·d_attn` (Kaplan et al. 2020's count, the one behind the
+    paper's 1.75e8 for GPT-2 small at T = 300): `N` non-embedding weights (GPT-2: `n_layer·(4·d² + 2·d·d_inner)`;
+    Llama and Gemma 3: `n_layer·(2·d·d_attn + 2·d·d_kv + 3·d·d_inner)` with query/output width `d_attn` = heads x head
+    dim, grouped-query k/v of width `d_kv` and the gated MLP's three matrices), two FLOPs per multiply-add, plus
+    attention over a context of `T = window_size` (`min(T, sliding_window)` on Gemma 3's sliding-window layers). A
+    window of `T` positions predicts only its `T - overlap` new tokens, so the recomputation multiplies this by
+    `T / (T - overlap)`.
 
     A recurrent model adds, per position, the layer-weighted pooling (`2·n_layer·d`) and attention to the one extra
-    key `h_prev` at the insertion block (`2·d`); per window, the feed-forward network on the summary and the key/value
-    projection of `h_prev` (`2·2·d·d_kv`), spread over the window's new tokens. That is under 1% of the total for GPT-2
-    small and SmolLM2-135M. Embeddings, the LM head, biases and norms are left out, as in the paper.
+    key `h_prev` at the insertion block (`2·d_attn`); per window, the feed-forward network on the summary and the
+    key/value projection of `h_prev` (`2·2·d·d_kv`), spread over the window's new tokens. That is under 1% of the
+    total for GPT-2 small and SmolLM2-135M. Embeddings, the LM head, biases and norms are left out, as in the paper.
 
     Raises `ValueError` for a model (or a recurrent model's backbone) type with no count here, or for a bad window /
     overlap.
@@ -73,12 +91,12 @@ def flops_per_token(config: PreTrainedConfig, window_size: int, overlap: int = 0
             f"{', '.join(FLOPS_MODEL_TYPES)} and recurrent models over them"
         )
     check_schedule(window_size, overlap)
-    layers, hidden, block_weights = _block_shape(backbone)
-    per_position = 2 * layers * block_weights + 2 * layers * window_size * hidden
+    layers, hidden, block_weights, attention_width = _block_shape(backbone)
+    per_position = 2 * layers * block_weights + 2 * _attended_keys(backbone, window_size) * attention_width
     per_window = 0
     if backbone is not config:  # recurrent
         key_value = hidden if backbone.model_type in GPT2_MODEL_TYPES else _key_value_width(backbone)
-        per_position += 2 * layers * hidden + 2 * hidden
+        per_position += 2 * layers * hidden + 2 * attention_width
         sizes = [hidden, *config.recurrence_hidden_sizes, hidden]
         per_window += 2 * sum(a * b for a, b in zip(sizes[:-1], sizes[1:], strict=True)) + 2 * 2 * hidden * key_value
     return (per_position * window_size + per_window) / (window_size - overlap)
