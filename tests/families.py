@@ -106,8 +106,9 @@ class Family:
         return {"input_ids": ids, "attention_mask": mask}
 
     def base(self, model: PreTrainedModel) -> PreTrainedModel:
-        """The bare model inside a head."""
-        return getattr(model, model.base_model_prefix)
+        """The bare model inside a head: what `base_model` gives, which for the recurrence core's causal LM reads with
+        the recurrence too."""
+        return model.base_model
 
 
 FAMILIES = [

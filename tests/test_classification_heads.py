@@ -89,8 +89,11 @@ def test_sequence_head_scores_the_documents_last_token_after_reading_all_of_it(f
         state = first.get("cache", first.get("past_key_values"))
         rest = model(ids[:, 21:], attention_mask=mask, cache=state)
         torch.testing.assert_close(rest.logits, logits, rtol=1e-5, atol=1e-5)
-        # The head reads the whole document: its first token reaches the scores through the carried state (an
-        # untrained recurrence carries little, so any change counts; without the state nothing would change).
+        # The head reads the whole document: its first token reaches the scores through the carried state (with a
+        # recurrence that carries something: an untrained one starts near zero; without the state nothing changes).
+        for parameter in model.base_model.recurrence.parameters():
+            parameter.normal_(0, 0.5, generator=torch.Generator().manual_seed(2))
+        logits = model(ids, attention_mask=mask).logits
         changed = ids.clone()
         changed[0, 0] = changed[0, 0] % 98 + 1
         assert not torch.equal(model(changed, attention_mask=mask).logits[0], logits[0])

@@ -1153,6 +1153,8 @@ class RecurrentDecoderPreTrainedModel(PreTrainedModel):
     # The named families' checkpoints keep the recurrence inside the stock base model (`model.recurrence.*`,
     # `transformer.recurrence.*`), where their hand-written models had it.
     recurrence_saved_in_base_model = False
+    # Modules saved under another name than they have here (on disk -> in memory).
+    saved_module_names: dict[str, str] = {}
     base_model_prefix = "backbone"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
@@ -1213,6 +1215,7 @@ class RecurrentDecoderPreTrainedModel(PreTrainedModel):
         prefix = base_model.base_model_prefix
         saved = f"{prefix}.recurrence" if self.recurrence_saved_in_base_model else "recurrence"
         self._weight_conversions = _stock_layout_renamings(backbone_path, (prefix,), recurrence_path, saved)
+        self._weight_conversions += _module_renamings(self.saved_module_names)
 
     def new_state(
         self, batch_size: int, window_size: int | None = None, window_overlap: int | None = None
@@ -1940,13 +1943,15 @@ class RecurrentDecoderForTokenClassification(GenericForTokenClassification, Recu
 
 
 class RecurrentGPT2State(RecurrentDecoderState):
-    """The state of the recurrent GPT-2 models, whose files name the `recurrent_gpt2` family as they always have."""
+    """The state of the recurrent GPT-2 models: a [`RecurrentDecoderState`] (like it, not thread-safe) whose files
+    name the `recurrent_gpt2` family as they always have."""
 
     _family = "recurrent_gpt2"
 
 
 class RecurrentLlamaState(RecurrentDecoderState):
-    """The state of the recurrent Llama models, whose files name the `recurrent_llama` family as they always have."""
+    """The state of the recurrent Llama models: a [`RecurrentDecoderState`] (like it, not thread-safe) whose files
+    name the `recurrent_llama` family as they always have."""
 
     _family = "recurrent_llama"
 
@@ -1994,6 +1999,7 @@ class RecurrentGPT2Model(RecurrentDecoderModel):
     stock_base_prefix = "transformer"
     config_class = RecurrentGPT2Config
     state_class = RecurrentGPT2State
+    recurrence_saved_in_base_model = True
 
 
 class RecurrentLlamaModel(RecurrentDecoderModel):
@@ -2002,6 +2008,7 @@ class RecurrentLlamaModel(RecurrentDecoderModel):
     stock_base_prefix = "model"
     config_class = RecurrentLlamaConfig
     state_class = RecurrentLlamaState
+    recurrence_saved_in_base_model = True
 
 
 class RecurrentGPT2ForSequenceClassification(RecurrentDecoderForSequenceClassification):
@@ -2013,11 +2020,17 @@ class RecurrentGPT2ForSequenceClassification(RecurrentDecoderForSequenceClassifi
 
 
 class RecurrentGPT2ForTokenClassification(RecurrentDecoderForTokenClassification):
-    """[`RecurrentDecoderForTokenClassification`] over GPT-2, in the recurrent GPT-2's checkpoint layout."""
+    """[`RecurrentDecoderForTokenClassification`] over GPT-2, in the recurrent GPT-2's checkpoint layout, whose
+    scoring layer is `classifier` as in GPT-2's own token classifier."""
 
     config_class = RecurrentGPT2Config
     base_model_class = RecurrentGPT2Model
     recurrence_saved_in_base_model = True
+    saved_module_names = {"classifier": "score"}
+
+    @property
+    def classifier(self) -> nn.Linear:
+        return self.score
 
 
 class RecurrentLlamaForSequenceClassification(RecurrentDecoderForSequenceClassification):
@@ -2034,6 +2047,14 @@ class RecurrentLlamaForTokenClassification(RecurrentDecoderForTokenClassificatio
     config_class = RecurrentLlamaConfig
     base_model_class = RecurrentLlamaModel
     recurrence_saved_in_base_model = True
+
+
+def _module_renamings(saved_module_names: dict[str, str]) -> list[WeightRenaming]:
+    """Renamings of modules saved under another name (on disk -> in memory)."""
+    return [
+        WeightRenaming(source_patterns=rf"^{saved}\.", target_patterns=f"{name}.")
+        for saved, name in saved_module_names.items()
+    ]
 
 
 def _causal_lm_renamings(saved_recurrence: str = "recurrence") -> list[WeightRenaming]:
@@ -2054,8 +2075,11 @@ register_checkpoint_conversion_mapping(
     RecurrentDecoderModel.__name__, _stock_layout_renamings("backbone"), overwrite=True
 )
 for _model_class in (RecurrentGPT2Model, RecurrentLlamaModel):
+    _prefix = _model_class.stock_base_prefix
     register_checkpoint_conversion_mapping(
-        _model_class.__name__, _stock_layout_renamings("backbone", (_model_class.stock_base_prefix,)), overwrite=True
+        _model_class.__name__,
+        _stock_layout_renamings("backbone", (_prefix,), "recurrence", f"{_prefix}.recurrence"),
+        overwrite=True,
     )
 for _head in (
     RecurrentDecoderForSequenceClassification,
@@ -2071,7 +2095,8 @@ for _head in (
         _head.__name__,
         _stock_layout_renamings(
             "model.backbone", prefixes, "model.recurrence", f"{prefixes[0]}.recurrence" if named else "recurrence"
-        ),
+        )
+        + _module_renamings(_head.saved_module_names),
         overwrite=True,
     )
 for _model_class, _saved_recurrence in (
