@@ -137,9 +137,8 @@ def test_an_unsupported_model_type_is_refused_naming_it_and_the_supported_ones(t
             ["--model_class", "recurrent_llama"],
             "--model_class recurrent_llama does not take a 'qwen2' checkpoint; use recurrent_decoder",
         ),
-        (["--h_prev_rope_position", "0"], "--h_prev_rope_position do not apply to recurrent_decoder"),
     ],
-    ids=["named-class", "llama-only-setting"],
+    ids=["named-class"],
 )
 def test_a_class_or_setting_that_does_not_fit_the_checkpoint_is_refused(options, expected, tmp_path, capsys):
     AutoConfig.for_model("qwen2", **TINY_BACKBONE).save_pretrained(tmp_path / "qwen2")

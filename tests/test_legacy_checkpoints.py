@@ -7,6 +7,7 @@ The files are in tests/fixtures/recurrent_families_0_1 (its make_fixture.py says
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from hf_recurrence import RecurrentGPT2LMHeadModel, RecurrentLlamaForCausalLM
@@ -37,7 +38,9 @@ def test_an_old_checkpoint_and_state_file_continue_the_text_as_they_did(family):
     model.eval()
     with torch.no_grad():
         torch.testing.assert_close(
-            model(ids[:, :prefix], attention_mask=mask[:, :prefix]).logits, reference["prefix_logits"], **ACROSS_KERNELS
+            model(ids[:, :prefix], attention_mask=mask[:, :prefix]).logits,
+            reference["prefix_logits"],
+            **ACROSS_KERNELS,
         )
         state = model.load_state(FIXTURES / f"{family}_state.safetensors")
         continued = model(ids[:, prefix:], attention_mask=mask, past_key_values=state).logits
@@ -71,3 +74,13 @@ def test_an_old_sequence_classifier_loads_and_scores_as_it_did(family, tmp_path)
     torch.testing.assert_close(scores, reference["logits"], **ACROSS_KERNELS)
     model.save_pretrained(tmp_path)
     assert _tensor_names(tmp_path / "model.safetensors") == _tensor_names(folder / "model.safetensors")
+
+
+@pytest.mark.parametrize("family", sorted(CLASSES))
+def test_load_state_dict_takes_the_checkpoint_file_as_trainer_resumes_it(family):
+    loaded = CLASSES[family].from_pretrained(FIXTURES / family)
+    fresh = CLASSES[family](loaded.config)
+    result = fresh.load_state_dict(load_file(FIXTURES / family / "model.safetensors"), strict=False)
+    assert not result.unexpected_keys and set(result.missing_keys) <= {"backbone.lm_head.weight"}  # tied, not saved
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name

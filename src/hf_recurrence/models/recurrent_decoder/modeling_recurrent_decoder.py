@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 
@@ -34,8 +34,8 @@ from transformers import (
 )
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.conversion_mapping import register_checkpoint_conversion_mapping
-from transformers.core_model_loading import WeightRenaming
+from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
+from transformers.core_model_loading import WeightRenaming, apply_renamings
 from transformers.generation import MaxLengthCriteria, StoppingCriteriaList
 from transformers.modeling_layers import (
     GenericForSequenceClassification,
@@ -1206,6 +1206,17 @@ class RecurrentDecoderPreTrainedModel(PreTrainedModel):
         if isinstance(module, RecurrentDecoderRecurrence):
             # Equal layer weights to start with: the summary is the plain mean over layers.
             init.zeros_(module.layer_weight_logits)
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True, assign: bool = False):
+        """Also takes a state dict in the checkpoint's layout (its `model.safetensors` read as is: `Trainer` resumes a
+        run so), renamed as `from_pretrained` renames it; keys already in this model's layout are kept."""
+        own = set(self.state_dict())
+        if any(key not in own for key in state_dict):
+            renamings = get_checkpoint_conversion_mapping(type(self).__name__) or []
+            state_dict = {
+                key if key in own else apply_renamings(key, renamings): value for key, value in state_dict.items()
+            }
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def _keep_stock_layout(self, base_model: PreTrainedModel, backbone_path: str, recurrence_path: str) -> None:
         """Save in the stock layout of `base_model`'s family. transformers reverses the class's renamings on save,
