@@ -82,3 +82,23 @@ def test_compiled_single_token_step_generates_the_eager_tokens_without_breaks_or
             compile_config=config,
         )
     assert longer.shape[1] == 5 + 2 * NEW_TOKENS
+
+
+@pytest.mark.parametrize("kwargs", [{"num_beams": 2}, {"num_return_sequences": 2, "do_sample": True}])
+def test_fixed_shape_cache_has_a_row_per_beam_and_returned_sequence(kwargs):
+    model, _ = BY_NAME["llama"].models()
+    ids, mask = left_padded_prompts(model.config.text_config.vocab_size)
+    runs = []
+    for implementation in (None, "static"):
+        torch.manual_seed(0)  # the same draws for sampling
+        runs.append(
+            model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=12,
+                pad_token_id=0,
+                cache_implementation=implementation,
+                **kwargs,
+            )
+        )
+    torch.testing.assert_close(runs[1], runs[0], rtol=0, atol=0)

@@ -1731,7 +1731,9 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
             if model_kwargs.get(STATE_NAME) is None and generation_config.use_cache is not False:
                 weight = self.get_input_embeddings().weight
                 state_class = fixed_shape_state_class(self.state_class)
-                model_kwargs[STATE_NAME] = state_class(self.config, batch_size, weight.device, weight.dtype)
+                # generate() expands the rows for beams and returned sequences after this, as for the stock cache.
+                rows = max(generation_config.num_beams, generation_config.num_return_sequences) * batch_size
+                model_kwargs[STATE_NAME] = state_class(self.config, rows, weight.device, weight.dtype)
                 return None
         elif implementation is not None:
             # generate() would only warn that a cache_implementation "will be ignored" and run anyway.
