@@ -104,6 +104,6 @@ def test_text_generation_pipeline_batches_like_single_prompts():
     assert len(tokenizer(alone[0]).input_ids) >= 30
 
 
-@pytest.mark.parametrize("implementation", ["static", "offloaded", "quantized", "dynamic", "paged"])
+@pytest.mark.parametrize("implementation", ["offloaded_static", "offloaded", "quantized", "dynamic", "paged"])
 def test_a_cache_implementation_is_refused_with_the_reason(implementation, tmp_path):
     assert_cache_implementation_is_refused(make_model(), implementation, tmp_path)

@@ -54,7 +54,7 @@ def test_text_generation_pipeline_batches_like_single_prompts():
     assert len(tokenizer(alone[0]).input_ids) >= 30  # far past the 16 RoPE positions
 
 
-@pytest.mark.parametrize("cache_implementation", ["static", "paged"])
+@pytest.mark.parametrize("cache_implementation", ["offloaded_static", "paged"])
 def test_cache_implementation_is_refused_with_the_reason(cache_implementation):
     with pytest.raises(ValueError, match="cache_implementation|Continuous batching"):
         make_model().generate(

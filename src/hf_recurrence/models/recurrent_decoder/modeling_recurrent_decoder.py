@@ -11,13 +11,14 @@ layer, the key/value of `h_prev` (computed by the layer's own attention code) an
 The family's rotary embedding, embedding scaling, norms, biases and head post-processing are therefore its own.
 """
 
+import functools
 import inspect
 import json
 import os
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field, make_dataclass, replace
 from pathlib import Path
 
 import torch
@@ -36,7 +37,7 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
 from transformers.core_model_loading import WeightRenaming, apply_renamings
-from transformers.generation import MaxLengthCriteria, StoppingCriteriaList
+from transformers.generation import CompileConfig, MaxLengthCriteria, StoppingCriteriaList
 from transformers.modeling_layers import (
     GenericForSequenceClassification,
     GenericForTokenClassification,
@@ -762,17 +763,22 @@ class RecurrentDecoderState:
         """Record a step: every layer's cache of the current window, the step's real-token mask `step_real`
         (batch, cols) (any re-read overlap, then the new columns), the layer-weighted sum of its hidden states
         `pooled` (batch, hidden), and the new columns' embeddings (batch, new, hidden) and mask (batch, new)."""
-        self.keys, self.values = keys, values
-        self.slot_valid = torch.cat([self.slot_valid, step_real], dim=1)
-        if self.slot_valid.shape[1] > self.window_size:
-            # Padding columns occupy slots without filling windows; drop them so memory stays one window.
-            self._compact()
+        self._record_cache(keys, values, step_real)
         self.fill = self.fill + step_real.sum(1)
         if self._lockstep is not None:
             self._lockstep = (self._lockstep[0] + step_real.shape[1], self._lockstep[1])
         self.pooled_sum = self.pooled_sum + pooled
         self._remember_overlap(new_embeds, new_real)
         self.seen_tokens += new_real.shape[1]
+
+    def _record_cache(self, keys: list[torch.Tensor], values: list[torch.Tensor], step_real: torch.Tensor) -> None:
+        """Keep a step's per-layer keys/values (cached slots then the step's columns) and mark its real columns; runs
+        before `fill` counts them."""
+        self.keys, self.values = keys, values
+        self.slot_valid = torch.cat([self.slot_valid, step_real], dim=1)
+        if self.slot_valid.shape[1] > self.window_size:
+            # Padding columns occupy slots without filling windows; drop them so memory stays one window.
+            self._compact()
 
     def window_summary(self) -> torch.Tensor:
         """(batch, hidden) float32: each row's layer-weighted hidden states averaged over its current window."""
@@ -942,6 +948,115 @@ class RecurrentDecoderState:
             f"fill={self.fill.tolist()}, window_index={self.window_index.tolist()}, "
             f"cache_slots={self.slot_valid.shape[1]})"
         )
+
+
+# Fixed-shape window cache: generate(cache_implementation="static").
+#
+# transformers checks `cache_implementation` against its own list of names (GenerationConfig.validate), so a name of
+# our own cannot reach the model; ours answers to "static", whose meaning it keeps: a cache preallocated at one shape
+# for the whole run and written in place, so that the single-token decode step compiles once.
+
+# The cache_implementation that selects the fixed-shape state.
+FIXED_SHAPE_CACHE_IMPLEMENTATION = "static"
+
+
+class FixedShapeWindowCache:
+    """Mixin over a state class: each layer's window cache is a preallocated `(batch, kv_heads, 1 + window_size,
+    head_dim)` buffer written in place, instead of a tensor that grows by one slot per token and is compacted.
+
+    A row's token at window position `j` lives in slot `j`, so a row's valid slots are always its first `fill` ones;
+    slot `window_size` receives the step's padding columns and is never valid. A new window only clears `slot_valid`:
+    the stale keys are masked until overwritten. Every single-token step thus sees tensors of the same shapes, and the
+    model runs it compiled when `compile_config` is set. Meant for inference: the buffers are written in place.
+    """
+
+    # How the model compiles the single-token step for this state (set by generate(), as for the stock static cache);
+    # None runs it eagerly.
+    compile_config: CompileConfig | None = None
+
+    def __init__(
+        self,
+        config: RecurrentDecoderConfig,
+        batch_size: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+        window_size: int | None = None,
+        window_overlap: int | None = None,
+    ):
+        super().__init__(config, batch_size, device, dtype, window_size, window_overlap)
+        slots = self.window_size + 1
+        # One buffer per layer (the base class shares one empty tensor): (batch, kv_heads, 1 + window_size, head_dim).
+        self.keys = [k.new_zeros(*k.shape[:2], slots, k.shape[3]) for k in self.keys]
+        self.values = [v.new_zeros(*v.shape[:2], slots, v.shape[3]) for v in self.values]
+        self.slot_valid = self.slot_valid.new_zeros(self.batch_size, slots)  # (batch, 1 + window_size)
+
+    def _record_cache(self, keys: list[torch.Tensor], values: list[torch.Tensor], step_real: torch.Tensor) -> None:
+        """Write the step's columns, the last `cols` of each layer's (batch, kv_heads, slots + cols, head_dim) keys
+        and values, into the buffers: a real column at its window position, padding into the spare slot."""
+        cols = step_real.shape[1]
+        # (batch, cols): window position of each real column (steps stay inside every row's window), else the spare.
+        slot = torch.where(step_real, self.fill[:, None] + step_real.cumsum(1) - 1, self.window_size)
+        for buffer, step in zip(self.keys + self.values, keys + values, strict=True):
+            index = slot[:, None, :, None].expand(step.shape[0], step.shape[1], cols, step.shape[3])
+            buffer.scatter_(2, index, step[:, :, -cols:])
+        self.slot_valid = self.slot_valid.scatter(1, slot, step_real)
+
+    def _compact(self) -> None:
+        """Nothing to move: each row's valid slots are already its first `fill` ones."""
+
+    def _empty_cache(self) -> None:
+        # The stale keys stay, masked, until the window's tokens overwrite them.
+        self.slot_valid = torch.zeros_like(self.slot_valid)
+
+
+@functools.cache
+def fixed_shape_state_class(state_class: type[RecurrentDecoderState]) -> type[RecurrentDecoderState]:
+    """`state_class` with the fixed-shape window cache: still an instance of `state_class` (same family, same files),
+    so the models of that family take it as their state."""
+    return type(f"FixedShape{state_class.__name__}", (FixedShapeWindowCache, state_class), {"__module__": __name__})
+
+
+def _fixed_shape_step(
+    model: "RecurrentDecoderWindowModel", state: RecurrentDecoderState, settings: "_StepSettings", columns: int
+) -> tuple["_StepSettings", Callable | None]:
+    """A step's settings over `state`, and the compiled single-token step to run it with (None: the eager one).
+
+    Over a fixed-shape state the step always joins `h_prev` (masked in rows whose window has none) and reads whether
+    columns are real from the mask: host-known facts that change along a text would otherwise change the graph.
+    """
+    if not isinstance(state, FixedShapeWindowCache):
+        return settings, None
+    settings = replace(settings, uses_h_prev=True, all_real=None)
+    decoding = (
+        columns == 1
+        and settings.step_head is None
+        and not (settings.output_hidden_states or settings.output_attentions or torch.is_grad_enabled())
+    )
+    if state.compile_config is None or not decoding:
+        return settings, None
+    return settings, _compiled_step(model, state.compile_config)
+
+
+def _compiled_step(model: "RecurrentDecoderWindowModel", compile_config: CompileConfig) -> Callable:
+    """`model._step` compiled with `compile_config`'s options, returning the flat tuple; one per model and options."""
+    options = compile_config.to_dict()
+    key = json.dumps(options, sort_keys=True, default=repr)
+    compiled = model.__dict__.setdefault("_compiled_steps", {})
+    if key not in compiled:
+
+        def flat_step(settings: _StepSettings, *tensors: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+            return model._step(settings, *tensors).flat()
+
+        compiled[key] = torch.compile(flat_step, **options)
+    return compiled[key]
+
+
+def _step_compile_config(model: PreTrainedModel, generation_config: GenerationConfig) -> CompileConfig | None:
+    """How generate() compiles the single-token step: on the devices, and with the options, with which it compiles a
+    stock model's forward over the stock static cache; None where it would not."""
+    config = generation_config.compile_config or CompileConfig()
+    compiles = model.device.type in ("cuda", "xpu", "neuron", "tpu") or bool(config._compile_all_devices)
+    return config if compiles and not generation_config.disable_compile else None
 
 
 # The fields every model of the core returns besides its own, as its output's docstring describes them.
@@ -1525,7 +1640,9 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
                 *state.keys,
                 *state.values,
             )
-            step = _StepOutput.from_flat(self.window_step(self._step, settings, *args), len(state.keys), settings)
+            settings, compiled = _fixed_shape_step(self, state, settings, embeds.shape[1])
+            flat = compiled(settings, *args) if compiled is not None else self.window_step(self._step, settings, *args)
+            step = _StepOutput.from_flat(flat, len(state.keys), settings)
             state.append_step(step.keys, step.values, step_real, step.pooled, new_embeds, new_real)
             # The state owns the cache now; a reference left here would keep every window's cache alive until return.
             step.keys = step.values = []
@@ -1681,16 +1798,45 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
                 criterion.max_position_embeddings = None
         return criteria
 
-    def _prepare_cache_for_generation(self, generation_config: GenerationConfig, model_kwargs: dict, *args, **kwargs):
-        # generate() would only warn that a cache_implementation "will be ignored" and run anyway.
-        if generation_config.cache_implementation is not None:
+    def _prepare_cache_for_generation(
+        self,
+        generation_config: GenerationConfig,
+        model_kwargs: dict,
+        generation_mode: object,
+        batch_size: int,
+        *args,
+        **kwargs,
+    ):
+        implementation = generation_config.cache_implementation
+        if implementation == FIXED_SHAPE_CACHE_IMPLEMENTATION:
+            if model_kwargs.get(STATE_NAME) is None and generation_config.use_cache is not False:
+                weight = self.get_input_embeddings().weight
+                state_class = fixed_shape_state_class(self.state_class)
+                # generate() expands the rows for beams and returned sequences after this, as for the stock cache.
+                rows = max(generation_config.num_beams, generation_config.num_return_sequences) * batch_size
+                model_kwargs[STATE_NAME] = state_class(self.config, rows, weight.device, weight.dtype)
+                return None
+        elif implementation is not None:
+            # generate() would only warn that a cache_implementation "will be ignored" and run anyway.
             raise ValueError(
-                f"cache_implementation={generation_config.cache_implementation!r} cannot be honoured by "
-                f"{type(self).__name__}: the model carries its own recurrent state of bounded size (returned as "
-                f"{STATE_NAME}) instead of a transformers Cache, so there is no cache to choose. Remove "
-                "cache_implementation from the generate() call or from the generation config (generation_config.json)"
+                f"cache_implementation={implementation!r} cannot be honoured by {type(self).__name__}: the model "
+                f"carries its own recurrent state of bounded size (returned as {STATE_NAME}) instead of a transformers "
+                f"Cache; the only choice is {FIXED_SHAPE_CACHE_IMPLEMENTATION!r}, that state in fixed-shape buffers "
+                "whose single-token step compiles. Remove cache_implementation from the generate() call or from the "
+                "generation config (generation_config.json)"
             )
-        return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        return super()._prepare_cache_for_generation(
+            generation_config, model_kwargs, generation_mode, batch_size, *args, **kwargs
+        )
+
+    def _valid_auto_compile_criteria(self, model_kwargs: dict, generation_config: GenerationConfig) -> bool:
+        state = model_kwargs.get(STATE_NAME)
+        if isinstance(state, FixedShapeWindowCache):
+            # Compiling the whole forward would trace the window loop and its host-side schedule; only the
+            # single-token step is compiled (see `_fixed_shape_step`).
+            state.compile_config = _step_compile_config(self, generation_config)
+            return False
+        return super()._valid_auto_compile_criteria(model_kwargs, generation_config)
 
     def init_continuous_batching(self, *args, **kwargs):
         # generate(cache_implementation="paged") and generate_batch() come here, past _prepare_cache_for_generation.

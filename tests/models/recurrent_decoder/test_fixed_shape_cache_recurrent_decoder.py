@@ -1,0 +1,104 @@
+"""generate(cache_implementation="static"): the state in fixed-shape buffers, and its compiled single-token step."""
+
+import pytest
+import torch
+from transformers import CompileConfig
+
+from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder import STATE_NAME, FixedShapeWindowCache
+
+from ...families import BACKBONES
+
+
+BY_NAME = {backbone.name: backbone for backbone in BACKBONES}
+NEW_TOKENS = 30  # past three boundaries of the 8-token windows in every row
+
+
+def left_padded_prompts(vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Three prompts of 7, 4 and 2 tokens, left-padded: the rows reach their window boundaries at different steps."""
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, vocab_size, (3, 7), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    mask[2, :5] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+def greedy(model, ids: torch.Tensor, mask: torch.Tensor, **kwargs):
+    return model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=NEW_TOKENS,
+        min_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        pad_token_id=0,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
+
+
+# RoPE with grouped-query attention, eager attention (float masks), absolute positions; with and without overlap.
+@pytest.mark.parametrize(("family", "overlap"), [("llama", 2), ("gemma2", 0), ("gpt2", 2)])
+def test_fixed_shape_cache_generates_the_default_tokens(family, overlap):
+    model, _ = BY_NAME[family].models(window_overlap=overlap)
+    ids, mask = left_padded_prompts(model.config.text_config.vocab_size)
+    default = greedy(model, ids, mask)
+    fixed = greedy(model, ids, mask, cache_implementation="static")
+    torch.testing.assert_close(fixed.sequences, default.sequences, rtol=0, atol=0)
+    state = getattr(fixed, STATE_NAME)
+    assert isinstance(state, FixedShapeWindowCache) and isinstance(state, model.state_class)
+    # One window plus the spare slot for padding columns, whatever the text's length.
+    assert {tuple(k.shape[2:3]) for k in state.keys + state.values} == {(model.config.window_size + 1,)}
+    assert state.slot_valid.shape == (3, model.config.window_size + 1)
+    torch.testing.assert_close(state.slot_valid.sum(1), state.fill, rtol=0, atol=0)
+
+
+def test_fixed_shape_cache_is_refused_beside_a_given_state():
+    model, _ = BY_NAME["llama"].models()
+    ids, mask = left_padded_prompts(model.config.text_config.vocab_size)
+    with pytest.raises(ValueError, match="Passing both"):
+        greedy(model, ids, mask, cache_implementation="static", **{STATE_NAME: model.new_state(3)})
+
+
+@pytest.mark.slow
+def test_compiled_single_token_step_generates_the_eager_tokens_without_breaks_or_recompiles():
+    torch._dynamo.reset()
+    model, _ = BY_NAME["llama"].models(window_overlap=2)
+    ids, mask = left_padded_prompts(model.config.text_config.vocab_size)
+    eager = greedy(model, ids, mask)
+    # fullgraph: a graph break in the step fails the call. CPU: generate() compiles only on accelerators unless asked.
+    config = CompileConfig(fullgraph=True)
+    config._compile_all_devices = True
+    compiled = greedy(model, ids, mask, cache_implementation="static", compile_config=config)
+    torch.testing.assert_close(compiled.sequences, eager.sequences, rtol=0, atol=0)
+    # A longer text, from another prompt length, runs the same graph.
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        longer = model.generate(
+            ids[:, 2:],
+            attention_mask=mask[:, 2:],
+            max_new_tokens=2 * NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+            cache_implementation="static",
+            compile_config=config,
+        )
+    assert longer.shape[1] == 5 + 2 * NEW_TOKENS
+
+
+@pytest.mark.parametrize("kwargs", [{"num_beams": 2}, {"num_return_sequences": 2, "do_sample": True}])
+def test_fixed_shape_cache_has_a_row_per_beam_and_returned_sequence(kwargs):
+    model, _ = BY_NAME["llama"].models()
+    ids, mask = left_padded_prompts(model.config.text_config.vocab_size)
+    runs = []
+    for implementation in (None, "static"):
+        torch.manual_seed(0)  # the same draws for sampling
+        runs.append(
+            model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=12,
+                pad_token_id=0,
+                cache_implementation=implementation,
+                **kwargs,
+            )
+        )
+    torch.testing.assert_close(runs[1], runs[0], rtol=0, atol=0)
