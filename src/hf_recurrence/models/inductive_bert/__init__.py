@@ -6,6 +6,7 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
+from . import configuration_inductive_bert, modeling_inductive_bert
 from .configuration_inductive_bert import InductiveBertConfig
 from .modeling_inductive_bert import (
     IBertForMaskedLM,
@@ -28,11 +29,4 @@ IBertForMaskedLM.register_for_auto_class("AutoModelForMaskedLM")
 IBertForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
 IBertForTokenClassification.register_for_auto_class("AutoModelForTokenClassification")
 
-__all__ = [
-    "IBertForMaskedLM",
-    "IBertForSequenceClassification",
-    "IBertForTokenClassification",
-    "IBertModel",
-    "IBertPreTrainedModel",
-    "InductiveBertConfig",
-]
+__all__ = [*configuration_inductive_bert.__all__, *modeling_inductive_bert.__all__]

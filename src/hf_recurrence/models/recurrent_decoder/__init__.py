@@ -6,6 +6,7 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
+from . import configuration_recurrent_decoder, modeling_recurrent_decoder
 from .configuration_recurrent_decoder import RecurrentDecoderConfig, RecurrentGPT2Config, RecurrentLlamaConfig
 from .modeling_recurrent_decoder import (
     RecurrentDecoderForCausalLM,
@@ -60,25 +61,8 @@ for config_class, model_classes in FAMILIES.items():
 RecurrentGPT2PreTrainedModel = RecurrentLlamaPreTrainedModel = RecurrentDecoderPreTrainedModel
 
 __all__ = [
-    "RecurrentDecoderConfig",
-    "RecurrentDecoderForCausalLM",
-    "RecurrentDecoderForSequenceClassification",
-    "RecurrentDecoderForTokenClassification",
-    "RecurrentDecoderModel",
-    "RecurrentDecoderPreTrainedModel",
-    "RecurrentDecoderState",
-    "RecurrentGPT2Config",
-    "RecurrentGPT2ForSequenceClassification",
-    "RecurrentGPT2ForTokenClassification",
-    "RecurrentGPT2LMHeadModel",
-    "RecurrentGPT2Model",
+    *configuration_recurrent_decoder.__all__,
+    *modeling_recurrent_decoder.__all__,
     "RecurrentGPT2PreTrainedModel",
-    "RecurrentGPT2State",
-    "RecurrentLlamaConfig",
-    "RecurrentLlamaForCausalLM",
-    "RecurrentLlamaForSequenceClassification",
-    "RecurrentLlamaForTokenClassification",
-    "RecurrentLlamaModel",
     "RecurrentLlamaPreTrainedModel",
-    "RecurrentLlamaState",
 ]

@@ -1711,30 +1711,9 @@ class RecurrentDecoderBaseModelView:
     def __init__(self, model: "RecurrentDecoderForCausalLM"):
         self._model = model
 
-    def __call__(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: RecurrentDecoderState | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        use_cache: bool | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        return_dict: bool | None = None,
-        cache: RecurrentDecoderState | None = None,
-        **kwargs,
-    ) -> RecurrentDecoderModelOutput:
-        return self._model._read_hidden_states(
-            input_ids,
-            attention_mask,
-            _given_state(past_key_values, cache),
-            inputs_embeds,
-            use_cache,
-            output_hidden_states,
-            output_attentions,
-            return_dict,
-            kwargs,
-        )
+    def __call__(self, *args, **kwargs) -> RecurrentDecoderModelOutput:
+        # The bare model's forward, on the causal LM's backbone (whose steps then return final hidden states).
+        return RecurrentDecoderModel.forward(self._model, *args, **kwargs)
 
     def __getattr__(self, name: str):
         return getattr(self._model.backbone, name)

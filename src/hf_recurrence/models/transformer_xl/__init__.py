@@ -1,5 +1,6 @@
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
+from . import configuration_transformer_xl, modeling_transformer_xl
 from .configuration_transformer_xl import LegacyTransfoXLConfig, TransformerXLConfig
 from .modeling_transformer_xl import (
     TransformerXLLMHeadModel,
@@ -18,10 +19,4 @@ TransformerXLConfig.register_for_auto_class()
 TransformerXLModel.register_for_auto_class("AutoModel")
 TransformerXLLMHeadModel.register_for_auto_class("AutoModelForCausalLM")
 
-__all__ = [
-    "TransformerXLConfig",
-    "TransformerXLLMHeadModel",
-    "TransformerXLModel",
-    "TransformerXLPreTrainedModel",
-    "TransformerXLState",
-]
+__all__ = [*configuration_transformer_xl.__all__, *modeling_transformer_xl.__all__]
