@@ -102,24 +102,16 @@ RECURRENCE_PAPER = Paper(
 )
 
 FAMILIES: dict[str, FamilyCard] = {
-    "recurrent_gpt2": FamilyCard(
-        name="Recurrent GPT-2",
-        paper=RECURRENCE_PAPER,
-        pipeline_tag="text-generation",
-        auto_class="AutoModelForCausalLM",
-    ),
-    "recurrent_llama": FamilyCard(
-        name="Recurrent Llama",
-        paper=RECURRENCE_PAPER,
-        pipeline_tag="text-generation",
-        auto_class="AutoModelForCausalLM",
-    ),
-    "recurrent_decoder": FamilyCard(
-        name="Recurrent decoder",
-        paper=RECURRENCE_PAPER,
-        pipeline_tag="text-generation",
-        auto_class="AutoModelForCausalLM",
-    ),
+    **{
+        model_type: FamilyCard(
+            name=name, paper=RECURRENCE_PAPER, pipeline_tag="text-generation", auto_class="AutoModelForCausalLM"
+        )
+        for model_type, name in (
+            ("recurrent_gpt2", "Recurrent GPT-2"),
+            ("recurrent_llama", "Recurrent Llama"),
+            ("recurrent_decoder", "Recurrent decoder"),
+        )
+    },
     "inductive_bert": FamilyCard(
         name="I-BERT (inductive BERT)",
         paper=Paper(

@@ -86,39 +86,25 @@ HUB_FAMILIES = [
         reference_length=80,
         invalid_setting=("hidden_size", 31),
     ),
-    HubFamily(
-        model_type="recurrent_gpt2",
-        make=tiny_recurrent_gpt2,
-        auto_class="AutoModelForCausalLM",
-        pipeline_task="text-generation",
-        pipeline_inputs="def read_windows(path):",
-        # min_new_tokens keeps a random model from stopping early at its end-of-text token.
-        pipeline_kwargs={"max_new_tokens": 40, "min_new_tokens": 40, "do_sample": False, "return_tensors": True},
-        reference_length=48,
-        invalid_setting=("window_size", 0),
-        context_limit=lambda config: config.n_positions,
-    ),
-    HubFamily(
-        model_type="recurrent_llama",
-        make=tiny_recurrent_llama,
-        auto_class="AutoModelForCausalLM",
-        pipeline_task="text-generation",
-        pipeline_inputs="def read_windows(path):",
-        pipeline_kwargs={"max_new_tokens": 40, "min_new_tokens": 40, "do_sample": False, "return_tensors": True},
-        reference_length=48,
-        invalid_setting=("window_size", 0),
-        context_limit=lambda config: config.max_position_embeddings,
-    ),
-    HubFamily(
-        model_type="recurrent_decoder",
-        make=tiny_recurrent_decoder,
-        auto_class="AutoModelForCausalLM",
-        pipeline_task="text-generation",
-        pipeline_inputs="def read_windows(path):",
-        pipeline_kwargs={"max_new_tokens": 40, "min_new_tokens": 40, "do_sample": False, "return_tensors": True},
-        reference_length=48,
-        invalid_setting=("window_size", 0),
-        context_limit=lambda config: config.text_config.max_position_embeddings,
+    *(
+        HubFamily(
+            model_type=model_type,
+            make=make,
+            auto_class="AutoModelForCausalLM",
+            pipeline_task="text-generation",
+            pipeline_inputs="def read_windows(path):",
+            # min_new_tokens keeps a random model from stopping early at its end-of-text token.
+            pipeline_kwargs={"max_new_tokens": 40, "min_new_tokens": 40, "do_sample": False, "return_tensors": True},
+            reference_length=48,
+            invalid_setting=("window_size", 0),
+            # The backbone's position table, which the recurrent model reads past.
+            context_limit=lambda config: config.text_config.max_position_embeddings,
+        )
+        for model_type, make in (
+            ("recurrent_gpt2", tiny_recurrent_gpt2),
+            ("recurrent_llama", tiny_recurrent_llama),
+            ("recurrent_decoder", tiny_recurrent_decoder),
+        )
     ),
     HubFamily(
         model_type="transformer_xl",

@@ -1,11 +1,13 @@
-"""Recurrent Llama: window semantics, state equivalence, Llama compatibility, BPTT and checkpointing."""
+"""Recurrent Llama: what is particular to the Llama backbone and the switches first measured on it (pooling, control, the
+RoPE policy of h_prev), Llama compatibility. The rest of the behaviour it shares with every backbone of the recurrence
+core is tested on the recurrent GPT-2 (tests/models/recurrent_gpt2) and on every backbone row (tests/test_backbones.py)."""
 
 import pytest
 import torch
 from huggingface_hub.errors import StrictDataclassFieldValidationError
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from hf_recurrence import RecurrentLlamaConfig, RecurrentLlamaForCausalLM, RecurrentLlamaModel, RecurrentLlamaState
+from hf_recurrence import RecurrentLlamaConfig, RecurrentLlamaForCausalLM, RecurrentLlamaModel
 
 from ...common import ACROSS_KERNELS, TINY_LLAMA, tiny_recurrent_llama_config
 
@@ -218,17 +220,6 @@ class TestLlamaCompatibility:
 
 
 class TestStateEquivalence:
-    @pytest.mark.parametrize("overlap", [0, 3, 7])
-    @pytest.mark.parametrize("splits", [[1], [5], [8], [13, 14, 15, 16], [3, 11, 29, 30], [20]])
-    def test_chunked_equals_one_shot(self, overlap, splits):
-        model = make_model(window_overlap=overlap)
-        ids = torch.randint(0, 99, (2, 45))  # at least 5 windows for every overlap
-        with torch.no_grad():
-            full = model(ids).logits
-            chunked, state = chunked_logits(model, ids, splits)
-        torch.testing.assert_close(chunked, full)
-        assert state.get_seq_length() == 45
-
     @pytest.mark.parametrize("overrides", [{"normalize_pooled_states": True}, {"recurrence_input": "zeros"}])
     def test_chunked_equals_one_shot_for_the_pooling_and_control_switches(self, overrides):
         model = make_model(window_overlap=3, **overrides)
@@ -237,138 +228,3 @@ class TestStateEquivalence:
             full = model(ids).logits
             chunked, _ = chunked_logits(model, ids, [3, 11, 29, 30])
         torch.testing.assert_close(chunked, full)
-
-    @pytest.mark.parametrize("overlap", [0, 3])
-    def test_token_by_token_equals_one_shot(self, overlap):
-        model = make_model(window_overlap=overlap)
-        ids = torch.randint(0, 99, (2, 42))
-        with torch.no_grad():
-            full = model(ids).logits
-            chunked, state = chunked_logits(model, ids, list(range(1, 42)))
-        torch.testing.assert_close(chunked, full)
-        assert state.slot_valid.shape[1] <= model.config.window_size
-
-    def test_left_padded_rows_equal_each_row_alone(self):
-        model = make_model(window_overlap=3)
-        lengths = [30, 23, 9]
-        rows = [torch.randint(1, 99, (1, n)) for n in lengths]
-        width = max(lengths)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, row in enumerate(rows):
-            ids[i, width - row.shape[1] :] = row
-            mask[i, width - row.shape[1] :] = 1
-        with torch.no_grad():
-            batched, _ = chunked_logits(model, ids, [7, 19], attention_mask=mask)
-            for i, row in enumerate(rows):
-                torch.testing.assert_close(
-                    batched[i, width - row.shape[1] :], model(row).logits[0], atol=1e-5, rtol=1e-4
-                )
-
-
-class TestStateSchedule:
-    def test_a_state_with_another_schedule_reads_like_a_model_configured_with_it(self):
-        model = make_model()
-        reconfigured = make_model(window_size=6, window_overlap=2)
-        reconfigured.load_state_dict(model.state_dict())
-        ids = torch.randint(0, 99, (2, 30))
-        state = model.new_state(2, window_size=6, window_overlap=2)
-        assert isinstance(state, RecurrentLlamaState)
-        with torch.no_grad():
-            chunked, state = chunked_logits(model, ids, [7, 13], state=state)
-            torch.testing.assert_close(chunked, reconfigured(ids).logits)
-        assert state.window_size == 6 and "window_overlap=2" in repr(state)
-
-    @pytest.mark.parametrize(
-        ("schedule", "match"),
-        [({"window_size": 17}, "window_size=17"), ({"window_size": 6, "window_overlap": 6}, "window_overlap=6")],
-    )
-    def test_an_invalid_schedule_is_refused_when_built(self, schedule, match):
-        with pytest.raises(ValueError, match=match):
-            RecurrentLlamaState(tiny_recurrent_llama_config(), 1, **schedule)
-
-    def test_the_schedule_is_fixed_for_the_state_life(self):
-        state = make_model().new_state(1, window_size=6, window_overlap=2)
-        assert (state.window_size, state.window_overlap) == (6, 2)
-        with pytest.raises(AttributeError):
-            state.window_size = 40
-
-    def test_config_changed_after_construction_is_refused_at_forward_time(self):
-        model = make_model()
-        model.config.insertion_layer = 3
-        with pytest.raises(ValueError, match="insertion_layer=3"):
-            model(torch.randint(0, 99, (1, 5)))
-
-    def test_detach_reset_reorder(self):
-        model = make_model(window_overlap=2).train()
-        state = model(torch.randint(0, 99, (3, 20))).past_key_values
-        assert state.pooled_sum.requires_grad
-        state.detach()
-        assert not any(t.requires_grad for t in [*state.keys, *[getattr(state, n) for n in state._BATCH_TENSORS]])
-        state.reorder_cache(torch.tensor([2, 2, 0]))
-        assert torch.equal(state.h_prev[0], state.h_prev[1])
-        state.reset()
-        assert state.get_seq_length() == 0 and state.slot_valid.shape[1] == 0
-
-
-def _window_token_sets(windows, per_window=8):
-    """Input whose windows use disjoint token ranges, so a token's embedding gradient says which window it came from."""
-    ids = torch.cat([torch.randint(10 + 20 * w, 30 + 20 * w, (1, per_window)) for w in range(windows)], dim=1)
-    return ids, [set(ids[0, w * per_window : (w + 1) * per_window].tolist()) for w in range(windows)]
-
-
-def _embedding_rows_with_gradient(model) -> set[int]:
-    grad = model.model.embed_tokens.weight.grad
-    return set(torch.nonzero(grad.abs().sum(1) > 0).flatten().tolist())
-
-
-class TestBackpropagationThroughTime:
-    @pytest.mark.parametrize("bptt_windows", [None, 1])
-    def test_later_window_loss_reaches_window_zero_only_without_truncation(self, bptt_windows):
-        torch.manual_seed(1)
-        model = make_model(tie_word_embeddings=False, bptt_windows=bptt_windows).train()
-        ids, token_sets = _window_token_sets(windows=3)
-        labels = ids.clone()
-        labels[:, :17] = -100  # positions 16..23 predict window 2's tokens
-        model(ids, labels=labels).loss.backward()
-        reached = _embedding_rows_with_gradient(model)
-        only_first = token_sets[0] - token_sets[1] - token_sets[2]
-        assert token_sets[1] <= reached and only_first
-        assert (only_first <= reached) is (bptt_windows is None)
-        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.recurrence.parameters())
-
-
-class TestGradientCheckpointing:
-    @pytest.mark.parametrize("use_reentrant", [False, True])
-    @pytest.mark.parametrize("overrides", [{}, {"window_overlap": 3}, {"bptt_windows": 2}])
-    def test_same_loss_and_gradients(self, overrides, use_reentrant):
-        model = make_model(**overrides).train()
-        ids = torch.randint(0, 99, (2, 50))
-        labels = ids.clone()
-        labels[1, 10:14] = -100
-
-        def loss_and_grads():
-            model.zero_grad()
-            loss = model(ids, labels=labels).loss
-            loss.backward()
-            return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-        plain_loss, plain_grads = loss_and_grads()
-        model.activation_checkpointing_enable({"use_reentrant": use_reentrant})
-        assert model.window_step.gradient_checkpointing
-        checked_loss, checked_grads = loss_and_grads()
-        torch.testing.assert_close(checked_loss, plain_loss)
-        assert checked_grads.keys() == plain_grads.keys()
-        for name, grad in plain_grads.items():
-            torch.testing.assert_close(checked_grads[name], grad, msg=name)
-
-
-def test_bfloat16_runs_and_keeps_the_pooled_sum_in_float32():
-    model = make_model(window_overlap=2).to(torch.bfloat16)
-    ids = torch.randint(0, 99, (2, 40))
-    with torch.no_grad():
-        out = model(ids)
-        chunked, state = chunked_logits(model, ids, [9, 17])
-    assert out.logits.dtype == torch.bfloat16 and state.keys[0].dtype == torch.bfloat16
-    assert state.pooled_sum.dtype == torch.float32
-    torch.testing.assert_close(chunked.float(), out.logits.float(), atol=0.1, rtol=0.05)
