@@ -1,17 +1,22 @@
-"""The stock Trainer trains the recurrent GPT-2 on long blocks, with and without window checkpointing."""
+"""The stock Trainer trains the recurrent GPT-2 and Llama on long blocks, with and without window checkpointing."""
 
 import pytest
 import torch
 from transformers import Trainer
 
-from hf_recurrence import RecurrentGPT2LMHeadModel
+from hf_recurrence import RecurrentGPT2LMHeadModel, RecurrentLlamaForCausalLM
 
-from ...common import RandomBlocks, tiny_recurrent_config, tiny_training_arguments
+from ...common import RandomBlocks, tiny_recurrent_config, tiny_recurrent_llama_config, tiny_training_arguments
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_trainer_trains_on_long_blocks(tmp_path, checkpointing):
-    model = RecurrentGPT2LMHeadModel(tiny_recurrent_config(window_overlap=2))
+@pytest.mark.parametrize(
+    ("model_class", "tiny_config"),
+    [(RecurrentGPT2LMHeadModel, tiny_recurrent_config), (RecurrentLlamaForCausalLM, tiny_recurrent_llama_config)],
+    ids=["recurrent_gpt2", "recurrent_llama"],
+)
+def test_trainer_trains_on_long_blocks(tmp_path, model_class, tiny_config, checkpointing):
+    model = model_class(tiny_config(window_overlap=2))
     before = model.recurrence.ffn[0].weight.detach().clone()
     args = tiny_training_arguments(tmp_path, gradient_accumulation_steps=2, activation_checkpointing=checkpointing)
     trainer = Trainer(model=model, args=args, train_dataset=RandomBlocks(8, 48), eval_dataset=RandomBlocks(4, 48))
