@@ -1306,7 +1306,6 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
         # The adaptive softmax is no single output embedding (resizing the vocabulary cannot work on it).
         return self.lm_head if isinstance(self.lm_head, nn.Linear) else None
 
-    # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderForCausalLM._prepare_cache_for_generation
     def _prepare_cache_for_generation(self, generation_config: GenerationConfig, model_kwargs: dict, *args, **kwargs):
         # generate() would only warn that a cache_implementation "will be ignored" and run anyway.
         if generation_config.cache_implementation is not None:
