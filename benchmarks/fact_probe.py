@@ -23,7 +23,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4, help="probe examples per step")
     parser.add_argument("--window-size", type=int, default=128)
     parser.add_argument("--held-out", type=int, default=64, help="validation-book examples scored")
-    parser.add_argument("--model-name-or-path", default=None, help="a causal LM folder, .gguf, smollm2-135m or gemma3-270m")
+    parser.add_argument(
+        "--model-name-or-path", default=None, help="a causal LM folder, .gguf, smollm2-135m or gemma3-270m"
+    )
     parser.add_argument("--bf16", action="store_true", help="train under bfloat16 autocast")
     args = parser.parse_args()
     bench.setup(0, args.threads)

@@ -146,9 +146,7 @@ class DataTrainingArguments:
 def load_model(model_args: ModelArguments) -> PreTrainedModel:
     """The model to train: a GPT-2 for the baseline, else a recurrent GPT-2 with the recurrence settings given."""
     overrides = {
-        name: getattr(model_args, name)
-        for name in RECURRENCE_SETTINGS
-        if getattr(model_args, name) is not None
+        name: getattr(model_args, name) for name in RECURRENCE_SETTINGS if getattr(model_args, name) is not None
     }
     if model_args.model_type == "gpt2":
         recurrent_only = sorted(set(overrides) - {"window_size", "window_overlap"})
@@ -178,9 +176,7 @@ def check_lora_base(model_args: ModelArguments) -> None:
         return
     saved_type = PreTrainedConfig.get_config_dict(model_args.model_name_or_path)[0].get("model_type")
     changed = [
-        name
-        for name in RECURRENCE_SETTINGS
-        if name != "bptt_windows" and getattr(model_args, name) is not None
+        name for name in RECURRENCE_SETTINGS if name != "bptt_windows" and getattr(model_args, name) is not None
     ]
     if saved_type != "recurrent_gpt2" or changed:
         raise ValueError(
