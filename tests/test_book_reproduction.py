@@ -64,7 +64,9 @@ def test_three_arms_end_to_end(books_available, tiny_llama_folder, tmp_path, cap
     # T = 8: overlaps 0, T/8 = 1, T/4 = 2, T/2 = 4 for the baseline; the trained arms at 0.
     assert arms == [("baseline", 0), ("baseline", 1), ("baseline", 2), ("baseline", 4), ("stock+bos", 0),
                     ("stock+prompt", 0), ("recurrent", 0), ("shuffled", 0), ("control", 0)]  # fmt: skip
-    assert all(row["num_tokens"] == 2 * 59 for row in results["rows"])
+    # Two books, each 60 tokens read as two passages of 30: 29 predicted tokens per passage.
+    assert [r["passages"] for r in results["held_out"]] == [2, 2]
+    assert all(row["num_tokens"] == 4 * 29 for row in results["rows"])
     assert all(row["flops_per_token"] > 0 for row in results["rows"])
     # The reference rows read a prefix before every window: more FLOPs per token than the baseline at overlap 0.
     references = {row["model"]: row for row in results["rows"][4:6]}
@@ -122,7 +124,7 @@ def test_gemma3_preset_runs_every_arm_on_a_gemma3_text_model(books_available, ti
     assert [row["model"] for row in results["rows"]] == [
         "baseline", "stock+bos", "stock+prompt", "recurrent", "shuffled", "control"
     ]  # fmt: skip
-    assert all(math.isfinite(row["perplexity"]) and row["num_tokens"] == 2 * 59 for row in results["rows"])
+    assert all(math.isfinite(row["perplexity"]) and row["num_tokens"] == 4 * 29 for row in results["rows"])
     # Gemma 3's blocks are counted (the recurrence's share, large on a 32-wide model, is checked on the real shape in
     # tests/evaluation/test_flops.py): the recurrent arms cost more than the baseline at overlap 0, both the same.
     flops = {row["model"]: row["flops_per_token"] for row in results["rows"] if row["overlap"] == 0}
@@ -157,6 +159,7 @@ def test_a_family_without_a_flops_count_runs_with_the_count_left_out(books_avail
         (["--eval_split", "dev"], "eval_split='dev'"),
         (["--backbone", "half"], "backbone='half'"),
         (["--lora_rank", "0"], "lora_rank=0"),
+        (["--eval_passages_per_book", "0"], "eval_passages_per_book=0"),
         (["--backbone_learning_rate", "0"], "backbone_learning_rate=0"),
     ],
 )
@@ -164,6 +167,29 @@ def test_bad_options_are_refused_before_any_work(options, message, tmp_path, cap
     assert main(["reproduce", "--preset", "smollm2", "--output_dir", str(tmp_path / "out"), *options]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_held_out_books_are_read_as_passages_ordered_so_that_neighbour_rows_come_from_another_book(books_available):
+    tokenizer = stdlib_tokenizer()
+    settings = BookReproductionSettings(window_size=8, eval_tokens_per_book=60, eval_passages_per_book=3)
+    documents, read = book_reproduction.held_out_documents(settings, tokenizer)
+    books = [
+        torch.tensor(tokenizer(b.text, add_special_tokens=False)["input_ids"][:60])
+        for b in books_module.austen_split("test")
+    ]
+    # Passage-major: first passages of Northanger Abbey and Persuasion, then the second ones ...
+    expected = [book[20 * i : 20 * (i + 1)] for i in range(3) for book in books]
+    assert len(documents) == 6 and all(torch.equal(d, e) for d, e in zip(documents, expected, strict=True))
+    assert [r["passages"] for r in read] == [3, 3]
+    # The validation split's one book still makes two documents, so the shuffled control runs on it.
+    documents, _ = book_reproduction.held_out_documents(
+        BookReproductionSettings(window_size=8, eval_tokens_per_book=60, eval_split="validation"), tokenizer
+    )
+    assert [len(d) for d in documents] == [30, 30]
+    with pytest.raises(UsageError, match="eval_passages_per_book=8 passages"):
+        book_reproduction.held_out_documents(
+            BookReproductionSettings(window_size=8, eval_tokens_per_book=60, eval_passages_per_book=8), tokenizer
+        )
 
 
 def test_a_bool_option_takes_only_a_truth_value(tmp_path, capsys):

@@ -159,12 +159,27 @@ class BookReproductionSettings:
     eval_tokens_per_book: int | None = field(
         default=12_000, metadata={"help": "Tokens of each held-out book's beginning to read (None: the whole book)."}
     )
+    eval_passages_per_book: int = field(
+        default=2,
+        metadata={
+            "help": "Consecutive passages each held-out book's read tokens are cut into, each read as its own document "
+            "(a row): the shuffled control needs two documents, and the validation split holds one book."
+        },
+    )
     segment_tokens: int = field(default=512, metadata={"help": "Predicted tokens per bootstrap segment."})
     num_resamples: int = field(default=10_000, metadata={"help": "Bootstrap resamples."})
     seed: int = field(default=0, metadata={"help": "Random seed."})
 
     def __post_init__(self):
-        for name in ("window_size", "windows_per_block", "batch_size", "max_steps", "segment_tokens", "num_resamples"):
+        for name in (
+            "window_size",
+            "windows_per_block",
+            "batch_size",
+            "max_steps",
+            "eval_passages_per_book",
+            "segment_tokens",
+            "num_resamples",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"{name} must be a positive integer, got {name}={value!r}")
@@ -235,14 +250,31 @@ def recurrent_arm(stock: PreTrainedModel, **recurrence_settings) -> RecurrentDec
 def held_out_documents(
     settings: BookReproductionSettings, tokenizer: PreTrainedTokenizerBase
 ) -> tuple[list[torch.Tensor], list[dict]]:
-    """The token ids of each held-out book's fixed prefix, and what was read (title, sha256, tokens, words)."""
-    documents, read = [], []
+    """The held-out documents, and what was read of each book (title, sha256, tokens, passages): each book's fixed
+    prefix cut into `eval_passages_per_book` consecutive passages, ordered passage by passage (the first passage of
+    every book, then the second ...), so that a document's neighbour row comes from another book where the split
+    has several."""
+    passages, read = [], []
     for book in austen_split(settings.eval_split):
         ids = tokenizer(book.text, add_special_tokens=False)["input_ids"]
-        prefix = ids[: settings.eval_tokens_per_book] if settings.eval_tokens_per_book else ids
-        documents.append(torch.tensor(prefix))
-        read.append({"title": book.title, "sha256": book.sha256, "book_tokens": len(ids), "tokens_read": len(prefix)})
-    return documents, read
+        prefix = torch.tensor(ids[: settings.eval_tokens_per_book] if settings.eval_tokens_per_book else ids)
+        if len(prefix) < settings.eval_passages_per_book * (settings.window_size + 1):
+            raise UsageError(
+                f"{book.title}: {len(prefix):,} tokens read cannot make eval_passages_per_book="
+                f"{settings.eval_passages_per_book} passages of more than one window (window_size="
+                f"{settings.window_size}) each"
+            )
+        passages.append(prefix.tensor_split(settings.eval_passages_per_book))
+        read.append(
+            {
+                "title": book.title,
+                "sha256": book.sha256,
+                "book_tokens": len(ids),
+                "tokens_read": len(prefix),
+                "passages": settings.eval_passages_per_book,
+            }
+        )
+    return [book_passages[i] for i in range(settings.eval_passages_per_book) for book_passages in passages], read
 
 
 def decoder_linear_layers(model: PreTrainedModel) -> list[str]:
