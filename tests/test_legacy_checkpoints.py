@@ -8,7 +8,12 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+from transformers import (
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
 
 from hf_recurrence import RecurrentGPT2LMHeadModel, RecurrentLlamaForCausalLM
 
@@ -17,10 +22,13 @@ from .common import ACROSS_KERNELS, REPO_ROOT, assert_loads_with_remote_code
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "recurrent_families_0_1"
 CLASSES = {"recurrent_gpt2": RecurrentGPT2LMHeadModel, "recurrent_llama": RecurrentLlamaForCausalLM}
-CLASSIFIERS = {
-    "recurrent_gpt2": "RecurrentGPT2ForSequenceClassification",
-    "recurrent_llama": "RecurrentLlamaForSequenceClassification",
+# Folder suffix -> the Auto class that loads it, the class name it gives for each family, and the output compared.
+HEADS = {
+    "classifier": (AutoModelForSequenceClassification, "{}ForSequenceClassification", "logits"),
+    "token_classifier": (AutoModelForTokenClassification, "{}ForTokenClassification", "logits"),
+    "bare": (AutoModel, "{}Model", "last_hidden_state"),
 }
+CLASS_PREFIXES = {"recurrent_gpt2": "RecurrentGPT2", "recurrent_llama": "RecurrentLlama"}
 
 
 def _tensor_names(path) -> set[str]:
@@ -62,18 +70,34 @@ def test_a_resaved_old_checkpoint_keeps_its_layout_and_loads_as_remote_code(fami
     assert_loads_with_remote_code(model, inputs, tmp_path / "remote", "AutoModelForCausalLM")
 
 
+@pytest.mark.parametrize("head", sorted(HEADS))
 @pytest.mark.parametrize("family", sorted(CLASSES))
-def test_an_old_sequence_classifier_loads_and_scores_as_it_did(family, tmp_path):
-    reference = torch.load(FIXTURES / f"{family}_classifier_reference.pt")
-    folder = FIXTURES / f"{family}_classifier"
-    model, info = AutoModelForSequenceClassification.from_pretrained(folder, output_loading_info=True)
-    assert type(model).__name__ == CLASSIFIERS[family]
+def test_an_old_classifier_or_bare_model_loads_and_gives_its_outputs_as_it_did(family, head, tmp_path):
+    auto_class, class_name, output = HEADS[head]
+    reference = torch.load(FIXTURES / f"{family}_{head}_reference.pt")
+    folder = FIXTURES / f"{family}_{head}"
+    model, info = auto_class.from_pretrained(folder, output_loading_info=True)
+    assert type(model).__name__ == class_name.format(CLASS_PREFIXES[family])
     assert not any(info.values()), info
     with torch.no_grad():
-        scores = model.eval()(reference["input_ids"], attention_mask=reference["attention_mask"]).logits
-    torch.testing.assert_close(scores, reference["logits"], **ACROSS_KERNELS)
-    model.save_pretrained(tmp_path)
-    assert _tensor_names(tmp_path / "model.safetensors") == _tensor_names(folder / "model.safetensors")
+        outputs = model.eval()(reference["input_ids"], attention_mask=reference["attention_mask"])
+    torch.testing.assert_close(outputs[output], reference[output], **ACROSS_KERNELS)
+    model.save_pretrained(tmp_path / "resaved")
+    if head == "bare":
+        # The old bare models saved the stock base model's names unprefixed (`h.*`, `layers.*`); today's write the
+        # family's layout (`transformer.h.*`, `model.layers.*`), as a new bare model does, which every head reads.
+        type(model)(model.config).save_pretrained(tmp_path / "new")
+        assert _tensor_names(tmp_path / "resaved" / "model.safetensors") == _tensor_names(
+            tmp_path / "new" / "model.safetensors"
+        )
+        head_model = AutoModelForCausalLM.from_pretrained(tmp_path / "resaved")
+        torch.testing.assert_close(
+            head_model.base_model(reference["input_ids"], attention_mask=reference["attention_mask"])[output],
+            reference[output],
+            **ACROSS_KERNELS,
+        )
+    else:
+        assert _tensor_names(tmp_path / "resaved" / "model.safetensors") == _tensor_names(folder / "model.safetensors")
 
 
 @pytest.mark.parametrize("family", sorted(CLASSES))

@@ -1,8 +1,8 @@
 """Sharing on the Hugging Face Hub: model cards and pushes that load anywhere with `trust_remote_code=True`.
 
-The model folders stay self-contained (they cannot import `hf_recurrence`), so what a card says about a family's
-paper and pipeline lives here, in `FAMILIES`, keyed by `model_type`; the config fields it lists as the family's
-settings come from the config class (`family_settings`). Adding a family to the cards is one entry here.
+What a card says about a family's paper and pipeline comes from the package's one family list
+(`hf_recurrence.families.FAMILIES`); the config fields it lists as the family's settings come from the config class
+(`family_settings`).
 """
 
 import json
@@ -22,6 +22,7 @@ from transformers.dynamic_module_utils import get_relative_import_files
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.utils import logging
 
+from .families import FAMILIES, Family
 from .outputs import TOKENIZER_FILES, UsageError
 
 
@@ -51,100 +52,7 @@ STATE_HEADER_KEY = "hf_recurrence_state"
 DEFAULT_COMMIT_MESSAGE = "Upload model with hf-recurrence"
 
 
-@dataclass(frozen=True)
-class Paper:
-    """A paper a family implements, cited on its model cards."""
-
-    authors: tuple[str, ...]
-    title: str
-    year: int
-    arxiv: str
-
-    @property
-    def url(self) -> str:
-        return f"https://arxiv.org/abs/{self.arxiv}"
-
-    @property
-    def short_authors(self) -> str:
-        surnames = [author.split()[-1] for author in self.authors]
-        if len(surnames) > 3:
-            return f"{surnames[0]} et al."
-        return " and ".join([", ".join(surnames[:-1]), surnames[-1]]) if len(surnames) > 1 else surnames[0]
-
-    def bibtex(self) -> str:
-        key = f"{self.authors[0].split()[-1].lower()}{self.year}"
-        return (
-            f"@article{{{key},\n"
-            f"  title = {{{self.title}}},\n"
-            f"  author = {{{' and '.join(self.authors)}}},\n"
-            f"  journal = {{arXiv preprint arXiv:{self.arxiv}}},\n"
-            f"  year = {{{self.year}}}\n"
-            "}"
-        )
-
-
-@dataclass(frozen=True)
-class FamilyCard:
-    """What a model card says about one model family."""
-
-    name: str
-    paper: Paper
-    pipeline_tag: str
-    auto_class: str
-
-
-# The paper the recurrent GPT-2, the recurrent Llama and the recurrent decoder implement.
-RECURRENCE_PAPER = Paper(
-    authors=("Davis Yoshida", "Allyson Ettinger", "Kevin Gimpel"),
-    title="Adding Recurrence to Pretrained Transformers for Improved Efficiency and Context Size",
-    year=2020,
-    arxiv="2008.07027",
-)
-
-FAMILIES: dict[str, FamilyCard] = {
-    **{
-        model_type: FamilyCard(
-            name=name, paper=RECURRENCE_PAPER, pipeline_tag="text-generation", auto_class="AutoModelForCausalLM"
-        )
-        for model_type, name in (
-            ("recurrent_gpt2", "Recurrent GPT-2"),
-            ("recurrent_llama", "Recurrent Llama"),
-            ("recurrent_decoder", "Recurrent decoder"),
-        )
-    },
-    "inductive_bert": FamilyCard(
-        name="I-BERT (inductive BERT)",
-        paper=Paper(
-            authors=("Hyoungwook Nam", "Seung Byum Seo", "Vikram Sharma Mailthody", "Noor Michael", "Lan Li"),
-            title="I-BERT: Inductive Generalization of Transformer to Arbitrary Context Lengths",
-            year=2020,
-            arxiv="2006.10220",
-        ),
-        pipeline_tag="fill-mask",
-        auto_class="AutoModelForMaskedLM",
-    ),
-    "transformer_xl": FamilyCard(
-        name="Transformer-XL",
-        paper=Paper(
-            authors=(
-                "Zihang Dai",
-                "Zhilin Yang",
-                "Yiming Yang",
-                "Jaime Carbonell",
-                "Quoc V. Le",
-                "Ruslan Salakhutdinov",
-            ),
-            title="Transformer-XL: Attentive Language Models Beyond a Fixed-Length Context",
-            year=2019,
-            arxiv="1901.02860",
-        ),
-        pipeline_tag="text-generation",
-        auto_class="AutoModelForCausalLM",
-    ),
-}
-
-
-def family_card(config: PreTrainedConfig) -> FamilyCard:
+def family_card(config: PreTrainedConfig) -> Family:
     if config.model_type not in FAMILIES:
         raise ValueError(
             f"No model card facts for model_type={config.model_type!r}; known families: {sorted(FAMILIES)}"
@@ -209,7 +117,7 @@ def model_card(
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
 
 
-def _overview(repo_id: str, family: FamilyCard, base_model: str | None) -> str:
+def _overview(repo_id: str, family: Family, base_model: str | None) -> str:
     paper = family.paper
     text = (
         f"# {repo_id.split('/')[-1]}\n\n"
@@ -228,7 +136,7 @@ def _settings_section(settings: dict[str, object]) -> str:
     return "## Recurrence settings\n\n| setting | value |\n| --- | --- |\n" + "\n".join(rows) + "\n"
 
 
-def _usage_section(repo_id: str, family: FamilyCard) -> str:
+def _usage_section(repo_id: str, family: Family) -> str:
     return (
         "## Usage\n\n"
         "The model code ships with the checkpoint, so `hf-recurrence` need not be installed; "
@@ -469,8 +377,6 @@ __all__ = [
     "CHECKPOINT_FILES",
     "FAMILIES",
     "PICKLE_PATTERNS",
-    "FamilyCard",
-    "Paper",
     "PushPlan",
     "files_to_push",
     "model_card",

@@ -28,14 +28,8 @@ from pathlib import Path
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from ..models import (
-    RecurrentDecoderConfig,
-    RecurrentDecoderForCausalLM,
-    RecurrentGPT2Config,
-    RecurrentGPT2LMHeadModel,
-    RecurrentLlamaConfig,
-    RecurrentLlamaForCausalLM,
-)
+from ..families import FAMILIES
+from ..models import RecurrentDecoderConfig, RecurrentLlamaConfig
 from ..models.recurrent_decoder.configuration_recurrent_decoder import PRE_ATTENTION_NORMS
 from ..outputs import MODEL_FOLDER_FILES, TRAINING_RUN_FILES, UsageError, finish_output_dir, prepare_output_dir
 from ..smollm2 import recurrent_decoder_from_gguf, recurrent_llama_from_gguf, require_gguf_reader
@@ -46,38 +40,25 @@ from ..transfo_xl_conversion import convert_transfo_xl, is_legacy_checkpoint
 WRITER = "hf-recurrence convert"
 # The files one of which a local tokenizer folder holds (a fast tokenizer, BPE vocabularies, SentencePiece, WordPiece).
 VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "vocab.txt")
+# The families `convert` makes: the recurrence core and its named families.
+WINDOW_FAMILIES = [family for family in FAMILIES.values() if family.reads == "windows"]
+CORE = RecurrentDecoderConfig.model_type
 # --model_class -> the recurrent class it makes.
-MODEL_CLASSES = {
-    "recurrent_decoder": RecurrentDecoderForCausalLM,
-    "recurrent_gpt2": RecurrentGPT2LMHeadModel,
-    "recurrent_llama": RecurrentLlamaForCausalLM,
-}
+MODEL_CLASSES = {family.model_type: family.head_model_class for family in WINDOW_FAMILIES}
 # Every recurrence setting some class takes, in option order; each class takes those of its config's family_settings.
-SETTINGS = tuple(
-    dict.fromkeys(
-        name
-        for config_class in (RecurrentLlamaConfig, RecurrentDecoderConfig, RecurrentGPT2Config)
-        for name in config_class.family_settings
-    )
-)
+SETTINGS = tuple(dict.fromkeys(name for family in WINDOW_FAMILIES for name in family.config_class.family_settings))
 # model_type of a source folder -> the --model_class values that convert it, the default first. GPT-2 and Llama keep
 # their named classes by default (what convert made before the core existed); the other stock decoders the core is
 # checked on (PRE_ATTENTION_NORMS) go to the core; a recurrent checkpoint is re-windowed in its own class only, since
 # the other classes lay its recurrence weights out differently.
 FOLDER_SOURCES = {
-    **dict.fromkeys(PRE_ATTENTION_NORMS, ("recurrent_decoder",)),
-    "gpt2": ("recurrent_gpt2", "recurrent_decoder"),
-    "llama": ("recurrent_llama", "recurrent_decoder"),
-    "recurrent_decoder": ("recurrent_decoder",),
-    "recurrent_gpt2": ("recurrent_gpt2",),
-    "recurrent_llama": ("recurrent_llama",),
+    **dict.fromkeys(PRE_ATTENTION_NORMS, (CORE,)),
+    **{family.stock_model_type: (family.model_type, CORE) for family in WINDOW_FAMILIES if family.stock_model_type},
+    **{family.model_type: (family.model_type,) for family in WINDOW_FAMILIES},
 }
 # The same for a GGUF file, which holds a stock model: a Llama keeps its default; the rest go to the core, which
 # builds from any loaded stock model (the named GPT-2 class has no GGUF path).
-GGUF_SOURCES = {
-    **dict.fromkeys(PRE_ATTENTION_NORMS, ("recurrent_decoder",)),
-    "llama": ("recurrent_llama", "recurrent_decoder"),
-}
+GGUF_SOURCES = {**dict.fromkeys(PRE_ATTENTION_NORMS, (CORE,)), "llama": FOLDER_SOURCES["llama"]}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -223,7 +204,7 @@ def _load_gguf(gguf: Path, requested: str | None, settings: dict):
     # The config alone (the file's header) decides the class, before the weights are read and de-quantised.
     model_type = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).model_type
     model_class = _model_class(str(gguf), model_type, requested, GGUF_SOURCES, settings)
-    if model_class is RecurrentLlamaForCausalLM:
+    if model_class is MODEL_CLASSES[RecurrentLlamaConfig.model_type]:
         model = recurrent_llama_from_gguf(gguf, **settings)
     else:
         model = recurrent_decoder_from_gguf(gguf, **settings)
@@ -270,8 +251,11 @@ def run(args: argparse.Namespace) -> int:
     )
     _save(args.output_dir, model, tokenizer)
     config = model.config
-    named = {RecurrentLlamaForCausalLM: "recurrent Llama", RecurrentGPT2LMHeadModel: "recurrent GPT-2"}
-    family = named.get(type(model), f"{type(model).__name__} over a {config.text_config.model_type!r} backbone")
+    family = (
+        FAMILIES[config.model_type].name[0].lower() + FAMILIES[config.model_type].name[1:]
+        if config.model_type != CORE
+        else f"{type(model).__name__} over a {config.text_config.model_type!r} backbone"
+    )
     print(
         f"Saved a {family} (window_size={config.window_size}, window_overlap={config.window_overlap}, "
         f"insertion_layer={config.insertion_layer}) to {args.output_dir}; new weights: "

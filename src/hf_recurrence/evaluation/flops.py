@@ -2,10 +2,12 @@
 
 from transformers import PreTrainedConfig
 
+from ..families import model_types_reading
+
 
 # Model types that read a long input in their own windows and carry a state across them: the recurrence core over a
 # stock decoder (its `text_config`), and its named families.
-RECURRENT_MODEL_TYPES = ("recurrent_decoder", "recurrent_gpt2", "recurrent_llama")
+RECURRENT_MODEL_TYPES = model_types_reading("windows")
 # Backbones whose blocks are GPT-2 blocks: attention with 4 d x d projections and a two-matrix MLP.
 GPT2_MODEL_TYPES = ("gpt2",)
 # Backbones whose blocks are Llama blocks: grouped-query attention (q and o d x heads*head_dim, k and v d x kv heads *

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput, logging
 
+from ..families import model_types_reading
 from .flops import RECURRENT_MODEL_TYPES, check_schedule, flops_per_token, has_flops_count
 
 
@@ -20,7 +21,7 @@ logger = logging.get_logger(__name__)
 
 # Model types that read a long input in fixed segments and attend to the memory of earlier ones (Transformer-XL):
 # read independent windows, they would lose that memory and disagree with their own loss (and with lm-eval's score).
-SEGMENT_MODEL_TYPES = ("transformer_xl",)
+SEGMENT_MODEL_TYPES = model_types_reading("segments")
 
 # Every model type evaluated through its state, one state per document from its first token to its last.
 STATEFUL_MODEL_TYPES = RECURRENT_MODEL_TYPES + SEGMENT_MODEL_TYPES

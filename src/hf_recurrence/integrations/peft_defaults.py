@@ -9,16 +9,7 @@ as Hub remote code without the package installed needs `target_modules` given (d
 
 import importlib.util
 
-
-# Our model types whose submodules carry the stock model's names, so every PEFT method's defaults for that model
-# type apply unchanged.
-SAME_MODULE_NAMES_AS = {"recurrent_gpt2": "gpt2", "recurrent_llama": "llama", "inductive_bert": "bert"}
-# The recurrence core runs over several stock decoders under one model_type; these are the attention projections
-# PEFT's LoRA defaults name for them (Llama-like `q_proj`/`v_proj`, Phi3's fused `qkv_proj`, GPT-2's `c_attn`). PEFT
-# adapts whichever of them a backbone has.
-RECURRENT_DECODER_LORA_TARGET_MODULES = ["q_proj", "v_proj", "qkv_proj", "c_attn"]
-# Transformer-XL has no stock counterpart in transformers 5; its attention input projection, as `c_attn` is GPT-2's.
-TRANSFORMER_XL_LORA_TARGET_MODULES = ["qkv_net"]
+from ..families import FAMILIES
 
 
 def _default_mappings() -> dict[str, dict]:
@@ -44,11 +35,12 @@ def register_peft_defaults() -> bool:
         # A PEFT that cannot be imported beside this transformers must not make hf_recurrence unimportable; using it
         # will say what is wrong.
         return False
-    for mapping in mappings.values():
-        for ours, stock in SAME_MODULE_NAMES_AS.items():
-            if stock in mapping:
-                mapping.setdefault(ours, mapping[stock])
     lora = mappings["TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING"]
-    lora.setdefault("transformer_xl", TRANSFORMER_XL_LORA_TARGET_MODULES)
-    lora.setdefault("recurrent_decoder", RECURRENT_DECODER_LORA_TARGET_MODULES)
+    for ours, family in FAMILIES.items():
+        # A family that keeps a stock model's module names takes every method's defaults for that model type.
+        for mapping in mappings.values():
+            if family.stock_model_type in mapping:
+                mapping.setdefault(ours, mapping[family.stock_model_type])
+        if family.lora_target_modules is not None:
+            lora.setdefault(ours, list(family.lora_target_modules))
     return True

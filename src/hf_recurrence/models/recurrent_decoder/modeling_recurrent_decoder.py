@@ -1340,8 +1340,20 @@ class RecurrentDecoderPreTrainedModel(PreTrainedModel):
         used)."""
         prefix = base_model.base_model_prefix
         saved = f"{prefix}.recurrence" if self.recurrence_saved_in_base_model else "recurrence"
-        self._weight_conversions = _stock_layout_renamings(backbone_path, (prefix,), recurrence_path, saved)
-        self._weight_conversions += _module_renamings(self.saved_module_names)
+        self._stock_layout = _stock_layout_renamings(backbone_path, (prefix,), recurrence_path, saved)
+        self._stock_layout += _module_renamings(self.saved_module_names)
+        self._weight_conversions = list(self._stock_layout)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        loaded = super().from_pretrained(*args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        # A checkpoint read without any renaming (an old named bare model's `h.*`, which transformers reads under the
+        # base-model prefix) would be saved again under the names in memory (`backbone.h.*`), a layout no class
+        # writes and the other heads do not read: save it in the family's layout instead.
+        if not model._weight_conversions:
+            model._weight_conversions = list(model._stock_layout)
+        return loaded
 
     def new_state(
         self, batch_size: int, window_size: int | None = None, window_overlap: int | None = None
