@@ -4,15 +4,12 @@ sizes as transformers' CausalLMModelTester; 4-token windows so that the 7-token 
 `backbone_spec` builds the same spec over another stock backbone (`recurrent_decoder_qwen3_spec.py`).
 """
 
-import torch
-from stateful_checks import generation_checks, retain_grad_skip, unbounded_char_tokenizer
+from spec_builder import CAUSAL_LM_SIZES, SPECIAL_TOKENS, WINDOW, causal_spec
+from stateful_checks import retain_grad_skip
 from transformers import AutoConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from hf_recurrence import RecurrentDecoderConfig, RecurrentDecoderForCausalLM, RecurrentDecoderState
-
-
-BATCH, SEQ, VOCAB, WINDOW = 13, 7, 99, 4
 
 
 _CHECKPOINTING = (
@@ -71,47 +68,28 @@ def _skips(model_type: str) -> dict[str, str]:
     }
 
 
-def backbone_spec(model_type: str, **overrides) -> dict:
-    """The spec's attributes for a tiny stock `model_type` backbone (`overrides`: its config fields besides the
-    common tiny sizes)."""
+def backbone_spec(model_type: str, sizes: dict = CAUSAL_LM_SIZES, **overrides) -> dict:
+    """The spec's attributes for a tiny stock `model_type` backbone of `sizes` (`overrides`: its config fields
+    besides those)."""
 
-    def get_config_and_inputs():
-        text_config = AutoConfig.for_model(
-            model_type,
-            vocab_size=VOCAB,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=37,
-            max_position_embeddings=512,
-            bos_token_id=VOCAB - 1,
-            eos_token_id=VOCAB - 1,
-            pad_token_id=VOCAB - 1,
-            **overrides,
-        )
-        config = RecurrentDecoderConfig(
+    def tiny_config():
+        text_config = AutoConfig.for_model(model_type, **sizes, **SPECIAL_TOKENS, **overrides)
+        return RecurrentDecoderConfig(
             text_config=text_config, window_size=WINDOW, insertion_layer=1, recurrence_hidden_sizes=[16]
         )
-        input_ids = torch.randint(0, VOCAB, (BATCH, SEQ))
-        attention_mask = torch.tril(torch.ones_like(input_ids))
-        return config, {"input_ids": input_ids, "attention_mask": attention_mask}
 
-    return {
-        "config_class": RecurrentDecoderConfig,
+    return causal_spec(
         # The core has no bare model (yet): its one class is the causal LM.
-        "all_model_classes": (RecurrentDecoderForCausalLM,),
-        "pipeline_model_mapping": {"text-generation": RecurrentDecoderForCausalLM},
-        "get_config_and_inputs": get_config_and_inputs,
+        (None, RecurrentDecoderForCausalLM),
+        RecurrentDecoderState,
+        tiny_config,
         # The generation mixin hands the attention check the text config, which has no window_size: the spec's window.
-        "test_class_attrs": generation_checks(RecurrentDecoderState, lambda config: 1 + WINDOW),
-        "model_tester_attrs": {"key_length": 1 + WINDOW},  # h_prev, then the window
+        lambda config: 1 + WINDOW,  # h_prev, then the window
         # The sizes ConfigTester checks for (vocab_size, ...) live in text_config, as in transformers' own composite
         # configs, whose tests pass has_text_modality=False too.
-        "config_tester_kwargs": {"has_text_modality": False},
-        "skip_tests": _skips(model_type),
-        "get_tokenizer": unbounded_char_tokenizer,
-    }
+        config_tester_kwargs={"has_text_modality": False},
+        skip_tests=_skips(model_type),
+    )
 
 
 globals().update(backbone_spec("llama"))
