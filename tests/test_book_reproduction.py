@@ -160,6 +160,7 @@ def test_a_family_without_a_flops_count_runs_with_the_count_left_out(books_avail
         (["--backbone", "half"], "backbone='half'"),
         (["--lora_rank", "0"], "lora_rank=0"),
         (["--eval_passages_per_book", "0"], "eval_passages_per_book=0"),
+        (["--recurrence_init", "xavier"], "recurrence_init='xavier'"),
         (["--backbone_learning_rate", "0"], "backbone_learning_rate=0"),
     ],
 )
@@ -190,6 +191,22 @@ def test_held_out_books_are_read_as_passages_ordered_so_that_neighbour_rows_come
         book_reproduction.held_out_documents(
             BookReproductionSettings(window_size=8, eval_tokens_per_book=60, eval_passages_per_book=8), tokenizer
         )
+
+
+def test_fan_in_init_keeps_the_pooled_windows_scale_through_the_recurrence_ffn():
+    torch.manual_seed(0)
+    stock = _tiny_stock("llama", hidden_size=256, intermediate_size=64)
+    model = book_reproduction.recurrent_arm(
+        stock, window_size=8, insertion_layer=1, recurrence_hidden_sizes=[512, 512]
+    )
+    summaries = torch.randn(4096, 256)  # unit-RMS pooled windows
+    with torch.no_grad():
+        before = model.recurrence(summaries)
+        book_reproduction.fan_in_init_(model.recurrence)
+        after = model.recurrence(summaries)
+    # The model's own init (N(0, 0.02)) shrinks the signal at every layer; fan-in init keeps it at the input's scale.
+    assert before.std() < 0.05 and 0.5 < after.std() < 2
+    assert all(not layer.bias.any() for layer in model.recurrence.ffn if isinstance(layer, torch.nn.Linear))
 
 
 def test_a_bool_option_takes_only_a_truth_value(tmp_path, capsys):

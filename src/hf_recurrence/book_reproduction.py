@@ -76,6 +76,8 @@ REFERENCE_PROMPT = (
 
 # What `--backbone` may train in every arm.
 BACKBONE_SETTINGS = ("frozen", "lora", "full")
+# How the recurrence FFN of the trained arms starts (`fan_in_init_`).
+RECURRENCE_INITS = ("model", "fan_in")
 
 # The installed pretrained models `model_name_or_path` may name instead of a path: name -> their GGUF file's path
 # (assembled or located on first use; an ImportError/FileNotFoundError with the pip command when not installed).
@@ -148,6 +150,14 @@ class BookReproductionSettings:
             "help": "Train under bfloat16 autocast (weights and evaluation stay float32; CPUs with AVX512-BF16)."
         },
     )
+    recurrence_init: str = field(
+        default="model",
+        metadata={
+            "help": "How the recurrence FFN starts: model (the model's own init, weights N(0, 0.02): the window's "
+            "signal shrinks about 3x per layer, and a trained h_prev stays nearly a constant) or fan_in (weights "
+            "N(0, gain^2 / fan_in), biases 0: each layer keeps its input's scale)."
+        },
+    )
     warmup_steps: int = field(default=10, metadata={"help": "Warm-up steps."})
     insertion_layer: int = field(default=2, metadata={"help": "Layer that receives h_prev."})
     normalize_pooled_states: bool = field(
@@ -197,6 +207,10 @@ class BookReproductionSettings:
         # Which names exist depends on the model's family: checked against it once it is loaded (`lora_targets`).
         if self.lora_target_modules is not None and not self.lora_target_modules:
             raise UsageError("lora_target_modules must name at least one linear layer, or be left unset")
+        if self.recurrence_init not in RECURRENCE_INITS:
+            raise UsageError(
+                f"recurrence_init must be one of {RECURRENCE_INITS}, got recurrence_init={self.recurrence_init!r}"
+            )
         if self.eval_split not in BOOK_SPLITS:
             raise UsageError(f"eval_split must be one of {BOOK_SPLITS}, got eval_split={self.eval_split!r}")
         if self.eval_tokens_per_book is not None and self.eval_tokens_per_book < self.window_size + 1:
@@ -371,6 +385,8 @@ def train_arm(
     else:
         recurrence = {**settings.recurrence_settings(), "recurrence_input": recurrence_input, **config_overrides}
         model, collator = recurrent_arm(stock, **recurrence), None
+        if settings.recurrence_init == "fan_in":
+            fan_in_init_(model.recurrence)
     trained, groups = adapt_backbone(model, settings)
     if not groups:
         return model.eval(), None, 0.0
@@ -382,6 +398,18 @@ def train_arm(
     if trained is not model:  # PEFT's wrapper: LoRA merged into the weights, the plain model back
         trained = trained.merge_and_unload()
     return trained.requires_grad_(False).eval(), loss, (time.perf_counter() - start) / 60
+
+
+def fan_in_init_(recurrence: nn.Module) -> None:
+    """Weights N(0, gain^2 / fan_in) and zero biases for the recurrence FFN's linear layers (gain sqrt(2) before an
+    activation, 1 for the last layer): every layer keeps its input's scale, so the part of `h_prev` that depends on
+    the window starts as large as the constant its biases can learn (Adam moves a bias as fast as a weight)."""
+    linears = [module for module in recurrence.ffn if isinstance(module, nn.Linear)]
+    with torch.no_grad():
+        for index, layer in enumerate(linears):
+            gain = 1.0 if index == len(linears) - 1 else math.sqrt(2.0)
+            layer.weight.normal_(0.0, gain / math.sqrt(layer.in_features))
+            layer.bias.zero_()
 
 
 def reference_prefixes(tokenizer: PreTrainedTokenizerBase, settings: BookReproductionSettings) -> dict[str, list[int]]:
