@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch.utils.data import Dataset
-from transformers import PreTrainedTokenizerFast, TrainingArguments
+from transformers import PreTrainedTokenizerFast, TrainingArguments, pipeline
 
 from hf_recurrence import InductiveBertConfig, RecurrentGPT2Config, RecurrentLlamaConfig, TransformerXLConfig
 from hf_recurrence.data import python_stdlib_documents, train_byte_level_bpe
@@ -22,58 +22,10 @@ SRC_ROOT = REPO_ROOT / "src"
 # against the stock model it extends. Exact equality stays for the same call on the same tensors.
 ACROSS_KERNELS = {"rtol": 1e-6, "atol": 1e-6}
 
-TINY_GPT2 = {
-    "vocab_size": 99,
-    "n_embd": 32,
-    "n_layer": 3,
-    "n_head": 2,
-    "n_positions": 16,
-    "bos_token_id": 0,
-    "eos_token_id": 0,
-    "pad_token_id": 0,
-}
+# Token id 0 is the padding, beginning and end of every tiny config.
+SPECIAL_TOKENS = {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
 
-
-def tiny_recurrent_config(**overrides) -> RecurrentGPT2Config:
-    """A 3-block, 32-wide recurrent GPT-2 with 8-token windows and a 16-entry position table."""
-    kwargs = {
-        **TINY_GPT2,
-        "window_size": 8,
-        "window_overlap": 0,
-        "insertion_layer": 1,
-        "recurrence_hidden_sizes": [16, 16],
-        **overrides,
-    }
-    return RecurrentGPT2Config(**kwargs)
-
-
-# Grouped-query attention (4 query heads share 2 key-value heads), a 16-position RoPE range.
-TINY_LLAMA = {
-    "vocab_size": 99,
-    "hidden_size": 32,
-    "intermediate_size": 48,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 16,
-    "bos_token_id": 0,
-    "eos_token_id": 0,
-    "pad_token_id": 0,
-}
-
-
-def tiny_recurrent_llama_config(**overrides) -> RecurrentLlamaConfig:
-    """A 3-layer, 32-wide recurrent Llama with GQA, 8-token windows and 16 RoPE positions."""
-    kwargs = {
-        **TINY_LLAMA,
-        "window_size": 8,
-        "window_overlap": 0,
-        "insertion_layer": 1,
-        "recurrence_hidden_sizes": [16, 16],
-        **overrides,
-    }
-    return RecurrentLlamaConfig(**kwargs)
-
+TINY_GPT2 = {"vocab_size": 99, "n_embd": 32, "n_layer": 3, "n_head": 2, "n_positions": 16, **SPECIAL_TOKENS}
 
 # The backbone sizes of the recurrence core's tiny rows (tests/families.py BACKBONES): GQA (4 query heads, 2 key-value
 # heads) where the family has it, 16 positions, so 8-token windows and generation run past the position table.
@@ -83,10 +35,27 @@ TINY_BACKBONE = {
     "num_hidden_layers": 3,
     "num_attention_heads": 4,
     "max_position_embeddings": 16,
-    "bos_token_id": 0,
-    "eos_token_id": 0,
-    "pad_token_id": 0,
+    **SPECIAL_TOKENS,
 }
+
+# Grouped-query attention: 4 query heads share 2 key-value heads.
+GQA = {"intermediate_size": 48, "num_key_value_heads": 2}
+
+# Grouped-query attention, a 16-position RoPE range.
+TINY_LLAMA = {**TINY_BACKBONE, **GQA}
+
+# The recurrence of the tiny named families: 8-token windows, h_prev inserted before block 1.
+TINY_RECURRENCE = {"window_size": 8, "window_overlap": 0, "insertion_layer": 1, "recurrence_hidden_sizes": [16, 16]}
+
+
+def tiny_recurrent_config(**overrides) -> RecurrentGPT2Config:
+    """A 3-block, 32-wide recurrent GPT-2 with 8-token windows and a 16-entry position table."""
+    return RecurrentGPT2Config(**{**TINY_GPT2, **TINY_RECURRENCE, **overrides})
+
+
+def tiny_recurrent_llama_config(**overrides) -> RecurrentLlamaConfig:
+    """A 3-layer, 32-wide recurrent Llama with GQA, 8-token windows and 16 RoPE positions."""
+    return RecurrentLlamaConfig(**{**TINY_LLAMA, **TINY_RECURRENCE, **overrides})
 
 
 def tiny_transformer_xl_config(**overrides) -> TransformerXLConfig:
@@ -101,9 +70,7 @@ def tiny_transformer_xl_config(**overrides) -> TransformerXLConfig:
         "segment_length": 8,
         "mem_len": 6,
         "dropout": 0.0,
-        "bos_token_id": 0,
-        "eos_token_id": 0,
-        "pad_token_id": 0,
+        **SPECIAL_TOKENS,
         **overrides,
     }
     return TransformerXLConfig(**kwargs)
@@ -123,6 +90,10 @@ def tiny_training_arguments(output_dir: Path, **overrides) -> TrainingArguments:
         **overrides,
     }
     return TrainingArguments(output_dir=str(output_dir), **arguments)
+
+
+# TRL trainer arguments of the tests' short CPU runs: fp32 on the CPU, no saving, no reporting.
+TRL_ON_CPU = {"use_cpu": True, "bf16": False, "report_to": "none", "save_strategy": "no", "disable_tqdm": True}
 
 
 class RandomBlocks(Dataset):
@@ -209,6 +180,55 @@ def run_isolated_python(
     )
 
 
+def load_over_a_stock_checkpoint(stock, recurrent_class, model_type: str, tmp_path: Path):
+    """Save the `stock` model and load its checkpoint as `recurrent_class` with 8-token windows (overlap 2, h_prev at
+    layer 1), checked: the config is `model_type` with that window, only the recurrence is missing from the checkpoint
+    (nothing unexpected or mismatched), and the backbone's weights are the stock ones. The model, in eval mode."""
+    stock.save_pretrained(tmp_path)
+    model, info = recurrent_class.from_pretrained(
+        tmp_path, window_size=8, window_overlap=2, insertion_layer=1, output_loading_info=True
+    )
+    model.eval()
+    assert model.config.window_size == 8 and model.config.model_type == model_type
+    assert info["unexpected_keys"] == set() and info["mismatched_keys"] == set()
+    assert info["missing_keys"] and all(k.startswith("recurrence.") for k in info["missing_keys"])
+    ours = model.backbone.state_dict()
+    for name, tensor in stock.state_dict().items():
+        assert torch.equal(ours[name], tensor), name
+    return model
+
+
+def attentions_and_hidden_states(model, ids: torch.Tensor, mask: torch.Tensor, columns: int, **tolerance):
+    """The outputs of `model` on `ids` with `output_attentions` and `output_hidden_states`, once checked: asking for
+    them (eager attention) does not change the logits (within `tolerance`, exact by default), there are a weight
+    tensor per layer and a hidden state per layer and the embeddings, and each weight tensor is `columns` wide with
+    rows summing to 1 at real positions and 0 at padding (`mask`)."""
+    with torch.no_grad():
+        plain = model(ids, attention_mask=mask)
+        out = model(ids, attention_mask=mask, output_attentions=True, output_hidden_states=True)
+    torch.testing.assert_close(out.logits, plain.logits, **tolerance)
+    config = model.config.get_text_config()
+    assert len(out.attentions) == config.num_hidden_layers and len(out.hidden_states) == config.num_hidden_layers + 1
+    for weights in out.attentions:
+        assert weights.shape == (*ids.shape[:1], config.num_attention_heads, ids.shape[1], columns)
+        row_sums = weights.sum(-1)  # (batch, head, length): 1 at real positions, 0 at padding
+        torch.testing.assert_close(row_sums, mask[:, None, :].float().expand_as(row_sums))
+    return out
+
+
+def chunked_logits(model, ids: torch.Tensor, splits, attention_mask=None, state=None):
+    """Logits of `ids` fed in pieces cut at `splits`, carrying the state between calls (from `state`, if given), and
+    the last state."""
+    pieces = []
+    bounds = [0, *splits, ids.shape[1]]
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        mask = None if attention_mask is None else attention_mask[:, :b]
+        out = model(ids[:, a:b], attention_mask=mask, past_key_values=state)
+        state = out.past_key_values
+        pieces.append(out.logits)
+    return torch.cat(pieces, dim=1), state
+
+
 def greedy_loop(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """Argmax over a one-shot forward of the whole sequence, one token at a time: the definition of greedy decoding
     (with the end of sequence forbidden, as `min_new_tokens` does)."""
@@ -220,6 +240,16 @@ def greedy_loop(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
             scores[:, [] if eos is None else eos] = -float("inf")
             ids = torch.cat([ids, scores.argmax(-1, keepdim=True)], dim=1)
     return ids
+
+
+def generated_alone_and_batched(model, tokenizer, prompts: list[str], **kwargs) -> list[str]:
+    """The texts a text-generation pipeline generates for `prompts` (`kwargs` to each call), checked to be the same
+    whether each prompt is read alone or all in one batch."""
+    generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    alone = [generator(prompt, **kwargs)[0]["generated_text"] for prompt in prompts]
+    batched = [out[0]["generated_text"] for out in generator(prompts, batch_size=len(prompts), **kwargs)]
+    assert batched == alone
+    return alone
 
 
 def greedy_text(model, tokenizer, prompt: str, max_new_tokens: int) -> str:

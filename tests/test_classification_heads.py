@@ -19,31 +19,19 @@ from hf_recurrence import (
     RecurrentGPT2ForSequenceClassification,
     RecurrentGPT2ForTokenClassification,
     RecurrentLlamaForSequenceClassification,
-    RecurrentLlamaForTokenClassification,
 )
 
 from .common import (
     ACROSS_KERNELS,
     assert_loads_with_remote_code,
-    tiny_recurrent_config,
-    tiny_recurrent_llama_config,
     tiny_training_arguments,
 )
+from .families import NAMED_DECODERS
 
 
 PAD = 0
-HEADS = {
-    "recurrent_gpt2": (
-        tiny_recurrent_config,
-        RecurrentGPT2ForSequenceClassification,
-        RecurrentGPT2ForTokenClassification,
-    ),
-    "recurrent_llama": (
-        tiny_recurrent_llama_config,
-        RecurrentLlamaForSequenceClassification,
-        RecurrentLlamaForTokenClassification,
-    ),
-}
+# (tiny config, sequence head, token head) of the named recurrent decoders, whose heads are transformers' generic ones.
+HEADS = {family.name: (family.tiny_config, *family.other_heads) for family in NAMED_DECODERS}
 by_family = pytest.mark.parametrize("family", list(HEADS))
 
 
@@ -179,16 +167,18 @@ def assert_trainer_fine_tunes_the_sequence_head(model, tmp_path) -> None:
 @pytest.mark.remote_code
 @by_family
 def test_heads_load_as_remote_code_in_a_fresh_interpreter(family, tmp_path):
-    model = _model(family, 0)
-    inputs = {"input_ids": _document()}
-    inputs["attention_mask"] = (inputs["input_ids"] != PAD).long()
-    assert_loads_with_remote_code(
-        model,
-        inputs,
+    assert_sequence_head_loads_as_remote_code(
+        _model(family, 0),
+        _document(),
         tmp_path,
-        "AutoModelForSequenceClassification",
         checks="""
 token_model = transformers.AutoModelForTokenClassification.from_pretrained(model.name_or_path, trust_remote_code=True)
 assert type(token_model).__name__.endswith("ForTokenClassification"), type(token_model)
 """,
     )
+
+
+def assert_sequence_head_loads_as_remote_code(model, document: torch.Tensor, tmp_path, checks: str) -> None:
+    """`assert_loads_with_remote_code` for a sequence head on a left-padded `document` (the mask from `PAD`)."""
+    inputs = {"input_ids": document, "attention_mask": (document != PAD).long()}
+    assert_loads_with_remote_code(model, inputs, tmp_path, "AutoModelForSequenceClassification", checks=checks)

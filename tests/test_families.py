@@ -3,13 +3,20 @@
 (chunked == one-shot, detach / reset / reorder)."""
 
 import json
+import re
 
 import pytest
 import torch
 from transformers import AutoConfig, AutoModel, Trainer
 
-from .common import ACROSS_KERNELS, RandomBlocks, assert_loads_with_remote_code, tiny_training_arguments
-from .families import FAMILIES, STATEFUL_FAMILIES, Family
+from .common import (
+    ACROSS_KERNELS,
+    RandomBlocks,
+    assert_loads_with_remote_code,
+    attentions_and_hidden_states,
+    tiny_training_arguments,
+)
+from .families import FAMILIES, NAMED_DECODERS, STATEFUL_FAMILIES, Family
 
 
 def family_ids(families: list[Family]) -> list[str]:
@@ -136,9 +143,6 @@ def test_logits_to_keep_and_generate_reads_a_prompt_without_its_logits(family):
     assert [shape[1] for shape in head_inputs if shape[1]] == [1, 1, 1]
 
 
-WINDOW_FAMILIES = [family for family in STATEFUL_FAMILIES if family.name.startswith("recurrent_")]
-
-
 def _scalar_reads(fn) -> int:
     """How many times `fn` reads a scalar from a tensor (a device-to-host sync on a GPU)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
@@ -146,7 +150,7 @@ def _scalar_reads(fn) -> int:
     return sum(event.count for event in profiler.key_averages() if event.key == "aten::_local_scalar_dense")
 
 
-@by_family(WINDOW_FAMILIES)
+@by_family(NAMED_DECODERS)
 def test_rows_in_lockstep_plan_their_windows_on_the_host(family):
     model = family.head(window_overlap=3)
     ids = family.inputs(length=30)["input_ids"]  # 5 windows of the tiny config
@@ -209,18 +213,7 @@ def test_attentions_and_hidden_states(family):
     ids = family.inputs(length=30)["input_ids"]
     mask = torch.ones_like(ids)
     mask[1, :5] = 0
-    layers = model.config.num_hidden_layers
-    with torch.no_grad():
-        plain = model(ids, attention_mask=mask)
-        out = model(ids, attention_mask=mask, output_attentions=True, output_hidden_states=True)
-    # Asking for the weights (eager attention) does not change the result.
-    torch.testing.assert_close(out.logits, plain.logits)
-    assert len(out.attentions) == layers and len(out.hidden_states) == layers + 1
-    heads = model.config.num_attention_heads
-    for weights in out.attentions:
-        assert weights.shape == (2, heads, 30, family.attention_columns(model.config))
-        row_sums = weights.sum(-1)  # (batch, head, length): 1 at real positions, 0 at padding
-        torch.testing.assert_close(row_sums, mask[:, None, :].float().expand_as(row_sums))
+    out = attentions_and_hidden_states(model, ids, mask, family.attention_columns(model.config))
     torch.testing.assert_close(out.hidden_states[-1], family.base(model)(ids, attention_mask=mask).last_hidden_state)
 
     # The columns mean the same in every call: chunked calls' weights are the one call's.
@@ -236,7 +229,7 @@ def test_attentions_and_hidden_states(family):
         torch.testing.assert_close(torch.cat([piece[layer] for piece in pieces], dim=2), weights)
 
 
-@by_family([family for family in STATEFUL_FAMILIES if family.name.startswith("recurrent_")])
+@by_family(NAMED_DECODERS)
 def test_h_prev_column_is_used_only_at_the_insertion_layer_after_the_first_window(family):
     model = family.head()
     window, insertion = model.config.window_size, model.config.insertion_layer
@@ -246,3 +239,119 @@ def test_h_prev_column_is_used_only_at_the_insertion_layer_after_the_first_windo
         h_prev = weights[..., 0]  # (batch, head, length)
         assert not h_prev[..., :window].any()
         assert h_prev[..., window:].all() if layer == insertion else not h_prev.any()
+
+
+# What the two named recurrent decoders share, from their config to forward (what is particular to each stays in
+# tests/models/<family>/).
+INVALID_RECURRENCE_SETTINGS = [
+    ({"window_size": 8, "window_overlap": 8}, "window_overlap", "8"),
+    ({"window_size": 8, "window_overlap": -1}, "window_overlap", "-1"),
+    ({"window_size": 17}, "window_size", "17"),
+    ({"window_size": 0}, "window_size", "0"),
+    ({"insertion_layer": 3}, "insertion_layer", "3"),
+    ({"insertion_layer": -1}, "insertion_layer", "-1"),
+    ({"recurrence_hidden_sizes": []}, "recurrence_hidden_sizes", "[]"),
+    ({"recurrence_hidden_sizes": [16, 0]}, "recurrence_hidden_sizes", "[16, 0]"),
+    ({"bptt_windows": 0}, "bptt_windows", "0"),
+]
+
+
+@by_family(NAMED_DECODERS)
+@pytest.mark.parametrize(("overrides", "field", "value"), INVALID_RECURRENCE_SETTINGS)
+def test_invalid_recurrence_settings_name_field_and_value(family, overrides, field, value):
+    with pytest.raises(ValueError, match=re.escape(f"{field}={value}")):
+        family.tiny_config(**overrides)
+
+
+@by_family(NAMED_DECODERS)
+def test_recurrence_defaults_follow_the_paper(family):
+    config = type(family.tiny_config())()
+    assert (config.window_size, config.window_overlap, config.insertion_layer) == (300, 0, 2)
+    assert config.recurrence_hidden_sizes == [200, 200, 200]
+    assert config.bptt_windows is None
+    assert config.model_type == family.name
+    assert set(config.auto_map) == {
+        "AutoConfig",
+        "AutoModel",
+        "AutoModelForCausalLM",
+        "AutoModelForSequenceClassification",
+        "AutoModelForTokenClassification",
+    }
+
+
+@by_family(NAMED_DECODERS)
+def test_config_changed_after_construction_is_refused_by_the_model(family):
+    config = family.tiny_config()
+    config.window_size = 40
+    with pytest.raises(ValueError, match="window_size=40"):
+        family.head_class(config)
+
+
+@by_family(NAMED_DECODERS)
+def test_output_shapes(family):
+    model = family.head_class(family.tiny_config()).eval()
+    ids = torch.randint(0, 99, (3, 21))
+    out = model(ids, output_hidden_states=True)
+    assert out.logits.shape == (3, 21, 99)
+    assert len(out.hidden_states) == 4 and all(h.shape == (3, 21, 32) for h in out.hidden_states)
+    assert family.base_class(model.config).eval()(ids).last_hidden_state.shape == (3, 21, 32)
+
+
+@by_family(NAMED_DECODERS)
+def test_loss_is_the_ordinary_causal_lm_loss(family):
+    model = family.head_class(family.tiny_config(window_overlap=3)).eval()
+    ids = torch.randint(0, 99, (2, 37))
+    labels = ids.clone()
+    labels[0, 5:9] = -100
+    out = model(ids, labels=labels, return_logits=True)
+    expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 99), labels[:, 1:].reshape(-1))
+    torch.testing.assert_close(out.loss, expected)
+    # Without logits the loss is computed window by window: the same number.
+    no_logits = model(ids, labels=labels, return_logits=False)
+    assert no_logits.logits is None
+    torch.testing.assert_close(no_logits.loss, expected)
+
+
+@by_family(NAMED_DECODERS)
+def test_reads_far_past_the_position_table(family):
+    # Positions restart every window: any length runs although the position table has only 16 entries.
+    model = family.head_class(family.tiny_config()).eval()
+    assert model(torch.randint(0, 99, (1, 500))).logits.shape == (1, 500, 99)
+
+
+@by_family(NAMED_DECODERS)
+def test_reordering_earlier_windows_changes_later_outputs(family):
+    model = family.head_class(family.tiny_config()).eval()
+    ids = torch.randint(0, 99, (1, 16))
+    swapped = ids.clone()
+    swapped[0, :8] = ids[0, :8].flip(0)
+    # Window 1 is identical; it differs only through h_prev.
+    assert not torch.allclose(model(ids).logits[:, 8:], model(swapped).logits[:, 8:])
+
+
+@by_family(NAMED_DECODERS)
+def test_eager_equals_sdpa(family):
+    sdpa = family.head_class(family.tiny_config(window_overlap=3)).eval()
+    eager = family.head_class(family.tiny_config(window_overlap=3, attn_implementation="eager")).eval()
+    assert eager.config._attn_implementation == "eager" and sdpa.config._attn_implementation == "sdpa"
+    eager.load_state_dict(sdpa.state_dict())
+    ids = torch.randint(0, 99, (2, 40))
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    torch.testing.assert_close(eager(ids, attention_mask=mask).logits, sdpa(ids, attention_mask=mask).logits)
+
+
+@by_family(NAMED_DECODERS)
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"position_ids": torch.tensor([[0, 1, 3, 4, 5]])}, ValueError, "position 3 follows 1"),
+        ({"attention_mask": torch.ones(1, 3)}, ValueError, "attention_mask"),
+        ({"past_key_values": object()}, TypeError, "{state_class}"),
+    ],
+)
+def test_bad_input_is_refused_clearly(family, kwargs, error, match):
+    # The family's state class: RecurrentGPT2State, RecurrentLlamaState.
+    state_class = family.base_class.__name__.removesuffix("Model") + "State"
+    with pytest.raises(error, match=match.format(state_class=state_class)):
+        family.head_class(family.tiny_config()).eval()(torch.randint(0, 99, (1, 5)), **kwargs)

@@ -5,21 +5,14 @@ import pytest
 import torch
 from torch import nn
 
-from hf_recurrence import RecurrentGPT2LMHeadModel, RecurrentLlamaForCausalLM, TransformerXLLMHeadModel
-
-from .common import tiny_recurrent_config, tiny_recurrent_llama_config, tiny_transformer_xl_config
+from .families import STATEFUL_FAMILIES
 
 
-CAUSAL_HEADS = {
-    "recurrent_gpt2": lambda: RecurrentGPT2LMHeadModel(tiny_recurrent_config()),
-    "recurrent_llama": lambda: RecurrentLlamaForCausalLM(tiny_recurrent_llama_config()),
-    "transformer_xl": lambda: TransformerXLLMHeadModel(tiny_transformer_xl_config()),
-}
-
-
-@pytest.fixture(params=sorted(CAUSAL_HEADS))
+# Every causal head: the stateful families'.
+@pytest.fixture(params=STATEFUL_FAMILIES, ids=lambda family: family.name)
 def model(request):
-    return CAUSAL_HEADS[request.param]().eval()
+    family = request.param
+    return family.head_class(family.tiny_config()).eval()
 
 
 def test_shift_labels_are_the_targets_labels_are_ignored(model):

@@ -68,14 +68,24 @@ def test_trainer_evaluation_leaves_the_state_out(family, tmp_path):
     assert all(leaf is None or isinstance(leaf, torch.Tensor) for leaf in leaves), [type(leaf) for leaf in leaves]
 
 
-@pytest.mark.remote_code
-@pytest.mark.skipif(
+# The tests that load a checkpoint saved here under the other supported transformers.
+under_the_other_transformers = pytest.mark.skipif(
     OTHER_PYTHON is None,
     reason="HF_RECURRENCE_OTHER_PYTHON names no second environment with the other supported transformers "
     "(.ci/run makes one)",
 )
+
+
+@pytest.mark.remote_code
+@under_the_other_transformers
 @pytest.mark.parametrize("family", STATEFUL_FAMILIES, ids=lambda f: f.name)
 def test_checkpoint_saved_here_loads_and_generates_under_the_other_transformers(family, tmp_path):
+    assert_loads_and_generates_under_the_other_transformers(family.head(), family.inputs(length=40), tmp_path)
+
+
+def assert_loads_and_generates_under_the_other_transformers(model, inputs: dict, tmp_path: Path) -> None:
+    """Save the causal `model`; in the other environment (another transformers, no `hf_recurrence`), it loads as
+    remote code with the same logits on `inputs` and generates past the window as the argmax loop does."""
     other_version = subprocess.run(
         [OTHER_PYTHON, "-c", "import transformers; print(transformers.__version__)"],
         capture_output=True,
@@ -84,8 +94,6 @@ def test_checkpoint_saved_here_loads_and_generates_under_the_other_transformers(
     ).stdout.strip()
     assert other_version != transformers.__version__, "the other environment has the same transformers"
 
-    model = family.head()
-    inputs = family.inputs(length=40)
     checkpoint = tmp_path / "checkpoint"
     model.save_pretrained(checkpoint)
     with torch.no_grad():

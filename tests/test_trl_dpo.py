@@ -15,7 +15,7 @@ from transformers import AutoTokenizer  # noqa: E402
 
 from hf_recurrence import RecurrentGPT2LMHeadModel  # noqa: E402
 
-from .common import SRC_ROOT, tiny_recurrent_config  # noqa: E402
+from .common import SRC_ROOT, TRL_ON_CPU, tiny_recurrent_config  # noqa: E402
 
 
 TOKENIZER = SRC_ROOT / "hf_recurrence" / "default_model"
@@ -39,12 +39,8 @@ def test_dpo_with_a_reference_model_starts_at_ln2_and_trains(tmp_path):
         max_steps=1,
         learning_rate=0.0,
         max_length=64,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        save_strategy="no",
         activation_checkpointing=True,
-        disable_tqdm=True,
+        **TRL_ON_CPU,
     )
     trainer = trl.DPOTrainer(
         model=model,

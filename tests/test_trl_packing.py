@@ -18,7 +18,7 @@ from transformers import AutoTokenizer  # noqa: E402
 
 from hf_recurrence import RecurrentGPT2LMHeadModel  # noqa: E402
 
-from .common import SRC_ROOT, tiny_recurrent_config  # noqa: E402
+from .common import SRC_ROOT, TRL_ON_CPU, tiny_recurrent_config  # noqa: E402
 from .families import STATEFUL_FAMILIES  # noqa: E402
 from .test_families import by_family  # noqa: E402
 
@@ -82,12 +82,8 @@ def test_sft_trainer_with_packing_trains_on_documents_as_if_alone(tmp_path: Path
         learning_rate=1e-3,
         # TRL's default is on; it exercises the window-step recomputation with document boundaries inside a row.
         activation_checkpointing=True,
-        bf16=False,
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
         logging_steps=1,
-        disable_tqdm=True,
+        **TRL_ON_CPU,
     )
     trainer = RecordingSFTTrainer(
         model=model,
@@ -114,11 +110,7 @@ def test_sft_trainer_with_trl_defaults_trains(family, tmp_path: Path):
         per_device_train_batch_size=2,
         max_steps=2,
         # Only what a CPU test needs; activation checkpointing keeps TRL's default (on).
-        bf16=False,
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
+        **TRL_ON_CPU,
     )
     trainer = trl.SFTTrainer(
         model=model,

@@ -17,7 +17,7 @@ from hf_recurrence.models.recurrent_decoder.configuration_recurrent_decoder impo
 
 from ..common import ACROSS_KERNELS, REPO_ROOT, stdlib_tokenizer, tiny_recurrent_config, user_error
 from ..conftest import BOB_TOKEN
-from .families import HUB_FAMILIES
+from ..families import HUB_ROWS
 
 
 PERPLEXITY = EvalResult(
@@ -43,9 +43,9 @@ def assert_card_metadata(card: ModelCard, config: PreTrainedConfig, base_model: 
     assert family.paper.title in card.text
 
 
-@pytest.mark.parametrize("family", HUB_FAMILIES, ids=lambda family: family.model_type)
+@pytest.mark.parametrize("family", HUB_ROWS, ids=lambda family: family.model_type)
 def test_every_family_has_a_card(family):
-    model, _ = family.make()
+    model, _ = family.hub.make()
     card = model_card(model, f"alice/{family.model_type}")
     assert_card_metadata(ModelCard(str(card)), model.config, base_model=None)
 

@@ -12,26 +12,26 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, pipeline
 from hf_recurrence.hub import push_to_hub
 
 from ..common import run_isolated_python
-from .families import HUB_FAMILIES, HubFamily
+from ..families import HUB_ROWS, Backbone, Family
 
 
 @dataclass
 class PushedRepo:
-    family: HubFamily
+    family: Family | Backbone
     repo_id: str
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
 
 
-@pytest.fixture(scope="module", params=HUB_FAMILIES, ids=lambda family: family.model_type)
+@pytest.fixture(scope="module", params=HUB_ROWS, ids=lambda family: family.model_type)
 def pushed(request) -> PushedRepo:
     """A tiny model with its tokenizer on `main`, and on the branch "invalid" a config.json with a bad setting."""
-    family: HubFamily = request.param
-    model, tokenizer = family.make()
+    family: Family | Backbone = request.param
+    model, tokenizer = family.hub.make()
     repo_id = f"alice/pull-{family.model_type}"
     push_to_hub(model, repo_id, tokenizer=tokenizer)
     config = json.loads(Path(hf_hub_download(repo_id, "config.json")).read_text())
-    name, value = family.invalid_setting
+    name, value = family.hub.invalid_setting
     api = HfApi()
     api.create_branch(repo_id, branch="invalid")
     api.upload_file(
@@ -80,7 +80,7 @@ print("RESULT " + json.dumps({{"pipeline": output, "invalid": invalid}}, default
 
 @pytest.mark.remote_code
 def test_pull_in_a_fresh_interpreter_without_the_package(pushed, hub_server, tmp_path):
-    family = pushed.family
+    family = pushed.family.hub
     input_ids = torch.randint(1, pushed.model.config.get_text_config().vocab_size, (2, family.reference_length))
     with torch.no_grad():
         torch.save({"input_ids": input_ids, "logits": pushed.model(input_ids).logits}, tmp_path / "reference.pt")

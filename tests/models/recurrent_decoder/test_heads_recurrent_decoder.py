@@ -21,9 +21,12 @@ from hf_recurrence import (
     RecurrentDecoderModel,
 )
 
-from ...common import ACROSS_KERNELS, assert_loads_with_remote_code
+from ...common import ACROSS_KERNELS
 from ...families import BACKBONES, Backbone
-from ...test_classification_heads import assert_trainer_fine_tunes_the_sequence_head
+from ...test_classification_heads import (
+    assert_sequence_head_loads_as_remote_code,
+    assert_trainer_fine_tunes_the_sequence_head,
+)
 
 
 PAD = 0
@@ -220,14 +223,10 @@ def test_trainer_fine_tunes_the_sequence_head_and_compute_metrics_gets_scores(tm
 
 @pytest.mark.remote_code
 def test_heads_and_bare_model_load_as_remote_code_in_a_fresh_interpreter(tmp_path):
-    model = core(ROWS[1], RecurrentDecoderForSequenceClassification)
-    inputs = {"input_ids": document()}
-    inputs["attention_mask"] = (inputs["input_ids"] != PAD).long()
-    assert_loads_with_remote_code(
-        model,
-        inputs,
+    assert_sequence_head_loads_as_remote_code(
+        core(ROWS[1], RecurrentDecoderForSequenceClassification),
+        document(),
         tmp_path,
-        "AutoModelForSequenceClassification",
         checks="""
 folder = model.name_or_path
 for auto_class, suffix in (("AutoModelForTokenClassification", "ForTokenClassification"), ("AutoModel", "Model")):

@@ -4,9 +4,6 @@ recurrence whatever attention implementation transformers is asked for, and the 
 remote code)."""
 
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +17,6 @@ from transformers import (
     LlamaConfig,
     Qwen2Config,
     Trainer,
-    pipeline,
 )
 from transformers.utils import ModelOutput
 
@@ -31,11 +27,15 @@ from ...common import (
     TINY_BACKBONE,
     RandomBlocks,
     assert_loads_with_remote_code,
-    run_isolated_python,
+    generated_alone_and_batched,
     stdlib_tokenizer,
     tiny_training_arguments,
 )
 from ...families import BACKBONES, GENERATES_PAST_THE_WINDOW
+from ...test_transformers_versions import (
+    assert_loads_and_generates_under_the_other_transformers,
+    under_the_other_transformers,
+)
 
 
 BY_NAME = {backbone.name: backbone for backbone in BACKBONES}
@@ -268,12 +268,8 @@ def test_text_generation_pipeline_with_left_padded_batches():
         pad_token_id=tokenizer.pad_token_id,
     )
     model = RecurrentDecoderForCausalLM(config).eval()
-    generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
     prompts = ["def main():", "import os\nimport sys\n\nclass"]
-    kwargs = {"max_new_tokens": 20, "do_sample": False, "return_full_text": False}
-    alone = [generator(prompt, **kwargs)[0]["generated_text"] for prompt in prompts]
-    batched = [out[0]["generated_text"] for out in generator(prompts, batch_size=2, **kwargs)]
-    assert batched == alone
+    generated_alone_and_batched(model, tokenizer, prompts, max_new_tokens=20, do_sample=False, return_full_text=False)
 
 
 def test_the_state_travels_under_the_installed_name_and_forward_takes_either(tmp_path):
@@ -317,35 +313,7 @@ def test_trust_remote_code_in_a_fresh_interpreter_without_the_package(name, tmp_
 
 
 @pytest.mark.remote_code
-@pytest.mark.skipif(
-    os.environ.get("HF_RECURRENCE_OTHER_PYTHON") is None,
-    reason="HF_RECURRENCE_OTHER_PYTHON names no second environment with the other supported transformers "
-    "(.ci/run makes one)",
-)
+@under_the_other_transformers
 def test_checkpoint_saved_here_loads_and_generates_under_the_other_transformers(tmp_path):
-    other_python = Path(os.environ["HF_RECURRENCE_OTHER_PYTHON"])
-    other_version = subprocess.run(
-        [other_python, "-c", "import transformers; print(transformers.__version__)"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
     model, _ = BY_NAME["gemma3_text"].models(window_overlap=2)
-    inputs = {"input_ids": ids(length=40)}
-    model.save_pretrained(tmp_path / "checkpoint")
-    with torch.no_grad():
-        torch.save({"inputs": inputs, "logits": model(**inputs).logits}, tmp_path / "reference.pt")
-    code = f"""
-import torch
-import transformers
-reference = torch.load({str(tmp_path / "reference.pt")!r})
-model = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path / "checkpoint")!r}, trust_remote_code=True)
-model.eval()
-assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
-torch.testing.assert_close(model(**reference["inputs"]).logits, reference["logits"], rtol=1e-6, atol=1e-6)
-{GENERATES_PAST_THE_WINDOW}
-print("OTHER_OK", transformers.__version__)
-"""
-    result = run_isolated_python(code, cwd=tmp_path, hf_home=tmp_path / "hf_home", python=other_python)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"OTHER_OK {other_version}" in result.stdout
+    assert_loads_and_generates_under_the_other_transformers(model, {"input_ids": ids(length=40)}, tmp_path)

@@ -2,13 +2,14 @@
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, TextStreamer, pipeline
+from transformers import GPT2Config, GPT2LMHeadModel, TextStreamer
 
 from hf_recurrence import RecurrentGPT2LMHeadModel
 
 from ...common import (
     TINY_GPT2,
     assert_cache_implementation_is_refused,
+    generated_alone_and_batched,
     greedy_loop,
     greedy_text,
     stdlib_tokenizer,
@@ -93,12 +94,10 @@ def test_text_streamer_prints_the_generated_text(capsys):
 def test_text_generation_pipeline_batches_like_single_prompts():
     tokenizer = stdlib_tokenizer()
     model = RecurrentGPT2LMHeadModel(tiny_recurrent_config(vocab_size=len(tokenizer), window_overlap=2)).eval()
-    generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
     prompts = ["def main():\n    return", "x = 1"]
-    kwargs = {"max_new_tokens": 40, "do_sample": False, "return_full_text": False}
-    alone = [generator(p, **kwargs)[0]["generated_text"] for p in prompts]
-    batched = [out[0]["generated_text"] for out in generator(prompts, batch_size=2, **kwargs)]
-    assert batched == alone
+    alone = generated_alone_and_batched(
+        model, tokenizer, prompts, max_new_tokens=40, do_sample=False, return_full_text=False
+    )
     assert alone == [greedy_text(model, tokenizer, p, 40) for p in prompts]
     # Far past the 16-entry position table.
     assert len(tokenizer(alone[0]).input_ids) >= 30

@@ -4,67 +4,16 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hf_recurrence import RecurrentGPT2Config, RecurrentGPT2LMHeadModel, RecurrentGPT2Model, RecurrentGPT2State
+from hf_recurrence import RecurrentGPT2Config, RecurrentGPT2LMHeadModel, RecurrentGPT2State
 
-from ...common import ACROSS_KERNELS, TINY_GPT2, tiny_recurrent_config
+from ...common import ACROSS_KERNELS, TINY_GPT2, chunked_logits, load_over_a_stock_checkpoint, tiny_recurrent_config
 
 
 def make_model(**overrides) -> RecurrentGPT2LMHeadModel:
     return RecurrentGPT2LMHeadModel(tiny_recurrent_config(**overrides)).eval()
 
 
-def chunked_logits(model, ids, splits, attention_mask=None):
-    """Logits of `ids` fed in pieces cut at `splits`, carrying the state between calls."""
-    state, pieces = None, []
-    bounds = [0, *splits, ids.shape[1]]
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-        mask = None if attention_mask is None else attention_mask[:, :b]
-        out = model(ids[:, a:b], attention_mask=mask, past_key_values=state)
-        state = out.past_key_values
-        pieces.append(out.logits)
-    return torch.cat(pieces, dim=1), state
-
-
 class TestConfig:
-    @pytest.mark.parametrize(
-        ("overrides", "field", "value"),
-        [
-            ({"window_size": 8, "window_overlap": 8}, "window_overlap", "8"),
-            ({"window_size": 8, "window_overlap": -1}, "window_overlap", "-1"),
-            ({"window_size": 17}, "window_size", "17"),
-            ({"window_size": 0}, "window_size", "0"),
-            ({"insertion_layer": 3}, "insertion_layer", "3"),
-            ({"insertion_layer": -1}, "insertion_layer", "-1"),
-            ({"recurrence_hidden_sizes": []}, "recurrence_hidden_sizes", "[]"),
-            ({"recurrence_hidden_sizes": [16, 0]}, "recurrence_hidden_sizes", "[16, 0]"),
-            ({"bptt_windows": 0}, "bptt_windows", "0"),
-        ],
-    )
-    def test_invalid_values_name_field_and_value(self, overrides, field, value):
-        with pytest.raises(ValueError) as info:
-            tiny_recurrent_config(**overrides)
-        assert f"{field}={value}" in str(info.value) or (field in str(info.value) and value in str(info.value))
-
-    def test_defaults_follow_the_paper(self):
-        config = RecurrentGPT2Config()
-        assert (config.window_size, config.window_overlap, config.insertion_layer) == (300, 0, 2)
-        assert config.recurrence_hidden_sizes == [200, 200, 200]
-        assert config.bptt_windows is None
-        assert config.model_type == "recurrent_gpt2"
-        assert set(config.auto_map) == {
-            "AutoConfig",
-            "AutoModel",
-            "AutoModelForCausalLM",
-            "AutoModelForSequenceClassification",
-            "AutoModelForTokenClassification",
-        }
-
-    def test_changed_after_construction_is_refused_by_the_model(self):
-        config = tiny_recurrent_config()
-        config.window_size = 40
-        with pytest.raises(ValueError, match="window_size=40"):
-            RecurrentGPT2LMHeadModel(config)
-
     @pytest.mark.parametrize(
         ("changes", "match"),
         [
@@ -94,24 +43,6 @@ class TestConfig:
 
 
 class TestForward:
-    def test_shapes(self):
-        model = make_model()
-        ids = torch.randint(0, 99, (3, 21))
-        out = model(ids, output_hidden_states=True)
-        assert out.logits.shape == (3, 21, 99)
-        assert len(out.hidden_states) == 4 and all(h.shape == (3, 21, 32) for h in out.hidden_states)
-        base = RecurrentGPT2Model(model.config).eval()
-        assert base(ids).last_hidden_state.shape == (3, 21, 32)
-
-    def test_loss_is_the_ordinary_causal_lm_loss(self):
-        model = make_model(window_overlap=3)
-        ids = torch.randint(0, 99, (2, 37))
-        labels = ids.clone()
-        labels[0, 5:9] = -100
-        out = model(ids, labels=labels, return_logits=True)
-        expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 99), labels[:, 1:].reshape(-1))
-        torch.testing.assert_close(out.loss, expected)
-
     def test_labels_return_logits_in_eval_mode_only(self):
         model = make_model()
         ids = torch.randint(0, 99, (2, 20))
@@ -129,46 +60,11 @@ class TestForward:
         mean = model(ids, labels=ids).loss
         torch.testing.assert_close(summed / (2 * 19), mean)
 
-    def test_position_ids_restart_every_window(self):
-        # Any length runs although the position table has only 16 entries.
-        model = make_model()
-        assert model(torch.randint(0, 99, (1, 500))).logits.shape == (1, 500, 99)
-
-    def test_reordering_earlier_windows_changes_later_outputs(self):
-        model = make_model()
-        ids = torch.randint(0, 99, (1, 16))
-        swapped = ids.clone()
-        swapped[0, :8] = ids[0, :8].flip(0)
-        # Window 1 is identical; it differs only through h_prev.
-        assert not torch.allclose(model(ids).logits[:, 8:], model(swapped).logits[:, 8:])
-
     def test_inputs_embeds_equal_input_ids(self):
         model = make_model(window_overlap=2)
         ids = torch.randint(0, 99, (2, 30))
         embeds = model.get_input_embeddings()(ids)
         torch.testing.assert_close(model(inputs_embeds=embeds).logits, model(ids).logits)
-
-    def test_eager_equals_sdpa(self):
-        sdpa = make_model(window_overlap=3)
-        eager = RecurrentGPT2LMHeadModel(tiny_recurrent_config(window_overlap=3, attn_implementation="eager")).eval()
-        assert eager.config._attn_implementation == "eager" and sdpa.config._attn_implementation == "sdpa"
-        eager.load_state_dict(sdpa.state_dict())
-        ids = torch.randint(0, 99, (2, 40))
-        mask = torch.ones_like(ids)
-        mask[1, :5] = 0
-        torch.testing.assert_close(eager(ids, attention_mask=mask).logits, sdpa(ids, attention_mask=mask).logits)
-
-    @pytest.mark.parametrize(
-        ("kwargs", "error", "match"),
-        [
-            ({"position_ids": torch.tensor([[0, 1, 3, 4, 5]])}, ValueError, "position 3 follows 1"),
-            ({"attention_mask": torch.ones(1, 3)}, ValueError, "attention_mask"),
-            ({"past_key_values": object()}, TypeError, "RecurrentGPT2State"),
-        ],
-    )
-    def test_bad_input_is_refused_clearly(self, kwargs, error, match):
-        with pytest.raises(error, match=match):
-            make_model()(torch.randint(0, 99, (1, 5)), **kwargs)
 
     def test_state_batch_mismatch_is_refused(self):
         model = make_model()
@@ -287,17 +183,7 @@ class TestState:
 class TestGPT2Compatibility:
     def test_first_window_equals_stock_gpt2_and_weights_load_unchanged(self, tmp_path):
         gpt2 = GPT2LMHeadModel(GPT2Config(**TINY_GPT2)).eval()
-        gpt2.save_pretrained(tmp_path)
-        model, info = RecurrentGPT2LMHeadModel.from_pretrained(
-            tmp_path, window_size=8, window_overlap=2, insertion_layer=1, output_loading_info=True
-        )
-        model.eval()
-        assert model.config.window_size == 8 and model.config.model_type == "recurrent_gpt2"
-        assert info["unexpected_keys"] == set() and info["mismatched_keys"] == set()
-        assert info["missing_keys"] and all(k.startswith("recurrence.") for k in info["missing_keys"])
-        ours = model.backbone.state_dict()
-        for name, tensor in gpt2.state_dict().items():
-            assert torch.equal(ours[name], tensor), name
+        model = load_over_a_stock_checkpoint(gpt2, RecurrentGPT2LMHeadModel, "recurrent_gpt2", tmp_path)
         ids = torch.randint(0, 99, (2, 8))
         with torch.no_grad():
             torch.testing.assert_close(model(ids).logits, gpt2(ids).logits, **ACROSS_KERNELS)

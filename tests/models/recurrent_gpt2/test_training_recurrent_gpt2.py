@@ -4,19 +4,14 @@ import pytest
 import torch
 from transformers import Trainer
 
-from hf_recurrence import RecurrentGPT2LMHeadModel, RecurrentLlamaForCausalLM
-
-from ...common import RandomBlocks, tiny_recurrent_config, tiny_recurrent_llama_config, tiny_training_arguments
+from ...common import RandomBlocks, tiny_training_arguments
+from ...families import NAMED_DECODERS
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
-@pytest.mark.parametrize(
-    ("model_class", "tiny_config"),
-    [(RecurrentGPT2LMHeadModel, tiny_recurrent_config), (RecurrentLlamaForCausalLM, tiny_recurrent_llama_config)],
-    ids=["recurrent_gpt2", "recurrent_llama"],
-)
-def test_trainer_trains_on_long_blocks(tmp_path, model_class, tiny_config, checkpointing):
-    model = model_class(tiny_config(window_overlap=2))
+@pytest.mark.parametrize("family", NAMED_DECODERS, ids=lambda family: family.name)
+def test_trainer_trains_on_long_blocks(tmp_path, family, checkpointing):
+    model = family.head_class(family.tiny_config(window_overlap=2))
     before = model.recurrence.ffn[0].weight.detach().clone()
     args = tiny_training_arguments(tmp_path, gradient_accumulation_steps=2, activation_checkpointing=checkpointing)
     trainer = Trainer(model=model, args=args, train_dataset=RandomBlocks(8, 48), eval_dataset=RandomBlocks(4, 48))

@@ -7,40 +7,26 @@ import torch
 from huggingface_hub.errors import StrictDataclassFieldValidationError
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from hf_recurrence import RecurrentLlamaConfig, RecurrentLlamaForCausalLM, RecurrentLlamaModel
+from hf_recurrence import RecurrentLlamaConfig, RecurrentLlamaForCausalLM
 
-from ...common import ACROSS_KERNELS, TINY_LLAMA, tiny_recurrent_llama_config
+from ...common import (
+    ACROSS_KERNELS,
+    TINY_LLAMA,
+    chunked_logits,
+    load_over_a_stock_checkpoint,
+    tiny_recurrent_llama_config,
+)
 
 
 def make_model(**overrides) -> RecurrentLlamaForCausalLM:
     return RecurrentLlamaForCausalLM(tiny_recurrent_llama_config(**overrides)).eval()
 
 
-def chunked_logits(model, ids, splits, attention_mask=None, state=None):
-    """Logits of `ids` fed in pieces cut at `splits`, carrying the state between calls."""
-    pieces = []
-    bounds = [0, *splits, ids.shape[1]]
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-        mask = None if attention_mask is None else attention_mask[:, :b]
-        out = model(ids[:, a:b], attention_mask=mask, past_key_values=state)
-        state = out.past_key_values
-        pieces.append(out.logits)
-    return torch.cat(pieces, dim=1), state
-
-
 class TestConfig:
     @pytest.mark.parametrize(
         ("overrides", "field", "value"),
         [
-            ({"window_size": 8, "window_overlap": 8}, "window_overlap", "8"),
-            ({"window_size": 8, "window_overlap": -1}, "window_overlap", "-1"),
-            ({"window_size": 17}, "window_size", "17"),
-            ({"window_size": 0}, "window_size", "0"),
-            ({"insertion_layer": 3}, "insertion_layer", "3"),
-            ({"insertion_layer": -1}, "insertion_layer", "-1"),
-            ({"recurrence_hidden_sizes": []}, "recurrence_hidden_sizes", "[]"),
-            ({"recurrence_hidden_sizes": [16, 0]}, "recurrence_hidden_sizes", "[16, 0]"),
-            ({"bptt_windows": 0}, "bptt_windows", "0"),
+            # The settings it shares with the recurrent GPT-2: tests/test_families.py.
             ({"h_prev_rope_position": -9}, "h_prev_rope_position", "-9"),
             ({"h_prev_rope_position": 1}, "h_prev_rope_position", "1"),
             ({"recurrence_input": "noise"}, "recurrence_input", "'noise'"),
@@ -56,24 +42,10 @@ class TestConfig:
             tiny_recurrent_llama_config(normalize_pooled_states=1)
 
     def test_defaults(self):
+        # The recurrence's defaults, shared with the recurrent GPT-2: tests/test_families.py.
         config = RecurrentLlamaConfig()
-        assert (config.window_size, config.window_overlap, config.insertion_layer) == (300, 0, 2)
-        assert config.recurrence_hidden_sizes == [200, 200, 200]
-        assert config.bptt_windows is None and config.h_prev_rope_position is None
-        assert config.model_type == "recurrent_llama" and isinstance(config, LlamaConfig)
-        assert set(config.auto_map) == {
-            "AutoConfig",
-            "AutoModel",
-            "AutoModelForCausalLM",
-            "AutoModelForSequenceClassification",
-            "AutoModelForTokenClassification",
-        }
-
-    def test_changed_after_construction_is_refused_by_the_model(self):
-        config = tiny_recurrent_llama_config()
-        config.window_size = 40
-        with pytest.raises(ValueError, match="window_size=40"):
-            RecurrentLlamaForCausalLM(config)
+        assert config.h_prev_rope_position is None
+        assert isinstance(config, LlamaConfig)
 
     def test_llama_config_converted_without_a_window_gets_at_most_300(self, tmp_path):
         LlamaConfig(**TINY_LLAMA).save_pretrained(tmp_path)
@@ -84,39 +56,11 @@ class TestConfig:
 
 
 class TestForward:
-    def test_shapes(self):
-        model = make_model()
-        ids = torch.randint(0, 99, (3, 21))
-        out = model(ids, output_hidden_states=True)
-        assert out.logits.shape == (3, 21, 99)
-        assert len(out.hidden_states) == 4 and all(h.shape == (3, 21, 32) for h in out.hidden_states)
-        assert RecurrentLlamaModel(model.config).eval()(ids).last_hidden_state.shape == (3, 21, 32)
+    def test_the_cache_is_per_key_value_head(self):
+        # The shapes it shares with the recurrent GPT-2: tests/test_families.py.
+        out = make_model()(torch.randint(0, 99, (3, 21)))
         # The cache is kept per key-value head (GQA), not per query head.
         assert out.past_key_values.keys[1].shape[:2] == (3, 2)
-
-    def test_loss_is_the_ordinary_causal_lm_loss(self):
-        model = make_model(window_overlap=3)
-        ids = torch.randint(0, 99, (2, 37))
-        labels = ids.clone()
-        labels[0, 5:9] = -100
-        out = model(ids, labels=labels, return_logits=True)
-        expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 99), labels[:, 1:].reshape(-1))
-        torch.testing.assert_close(out.loss, expected)
-        # Without logits the loss is computed window by window: the same number.
-        no_logits = model(ids, labels=labels, return_logits=False)
-        assert no_logits.logits is None
-        torch.testing.assert_close(no_logits.loss, expected)
-
-    def test_reads_far_past_max_position_embeddings(self):
-        assert make_model()(torch.randint(0, 99, (1, 500))).logits.shape == (1, 500, 99)
-
-    def test_h_prev_carries_information(self):
-        model = make_model()
-        ids = torch.randint(0, 99, (1, 16))
-        changed = ids.clone()
-        changed[0, :8] = ids[0, :8].flip(0)
-        # Window 1 is identical; it differs only through h_prev.
-        assert not torch.allclose(model(ids).logits[:, 8:], model(changed).logits[:, 8:])
 
     def test_control_h_prev_is_a_learned_constant_that_ignores_the_text(self):
         control = make_model(recurrence_input="zeros")
@@ -168,44 +112,12 @@ class TestForward:
         torch.testing.assert_close(later[:, :8], first[:, :8])
         assert not torch.allclose(later[:, 8:], first[:, 8:])
 
-    def test_eager_equals_sdpa(self):
-        sdpa = make_model(window_overlap=3)
-        eager = RecurrentLlamaForCausalLM(tiny_recurrent_llama_config(window_overlap=3, attn_implementation="eager"))
-        eager.eval().load_state_dict(sdpa.state_dict())
-        assert eager.config._attn_implementation == "eager" and sdpa.config._attn_implementation == "sdpa"
-        ids = torch.randint(0, 99, (2, 40))
-        mask = torch.ones_like(ids)
-        mask[1, :5] = 0
-        torch.testing.assert_close(eager(ids, attention_mask=mask).logits, sdpa(ids, attention_mask=mask).logits)
-
-    @pytest.mark.parametrize(
-        ("kwargs", "error", "match"),
-        [
-            ({"position_ids": torch.tensor([[0, 1, 3, 4, 5]])}, ValueError, "position 3 follows 1"),
-            ({"attention_mask": torch.ones(1, 3)}, ValueError, "attention_mask"),
-            ({"past_key_values": object()}, TypeError, "RecurrentLlamaState"),
-        ],
-    )
-    def test_bad_input_is_refused_clearly(self, kwargs, error, match):
-        with pytest.raises(error, match=match):
-            make_model()(torch.randint(0, 99, (1, 5)), **kwargs)
-
 
 class TestLlamaCompatibility:
     @pytest.mark.parametrize("tied", [True, False])
     def test_first_window_equals_stock_llama_and_weights_load_unchanged(self, tmp_path, tied):
         llama = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA, tie_word_embeddings=tied)).eval()
-        llama.save_pretrained(tmp_path)
-        model, info = RecurrentLlamaForCausalLM.from_pretrained(
-            tmp_path, window_size=8, window_overlap=2, insertion_layer=1, output_loading_info=True
-        )
-        model.eval()
-        assert model.config.window_size == 8 and model.config.model_type == "recurrent_llama"
-        assert info["unexpected_keys"] == set() and info["mismatched_keys"] == set()
-        assert info["missing_keys"] and all(k.startswith("recurrence.") for k in info["missing_keys"])
-        ours = model.backbone.state_dict()
-        for name, tensor in llama.state_dict().items():
-            assert torch.equal(ours[name], tensor), name
+        model = load_over_a_stock_checkpoint(llama, RecurrentLlamaForCausalLM, "recurrent_llama", tmp_path)
         assert (model.lm_head.weight is model.model.embed_tokens.weight) is tied
         ids = torch.randint(0, 99, (2, 8))
         long_ids = torch.randint(0, 99, (2, 30))
