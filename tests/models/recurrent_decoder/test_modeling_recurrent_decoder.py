@@ -3,6 +3,7 @@ recurrence whatever attention implementation transformers is asked for, and the 
 (packed documents, logits_to_keep, gradient checkpointing, Trainer, LoRA, pipelines,
 remote code)."""
 
+import gc
 import json
 
 import pytest
@@ -210,6 +211,83 @@ def test_logits_to_keep_and_generate_reads_a_prompt_without_its_logits():
     hook.remove()
     # The prompt's 4 window steps ask the head for no position but the very last; then one per new token.
     assert [shape[1] for shape in head_inputs] == [0, 0, 0, 1, 1, 1]
+
+
+def _state_tensors(state: RecurrentDecoderState) -> dict[str, torch.Tensor]:
+    names = ("h_prev", "pooled_sum", "fill", "window_index", "slot_valid", "overlap_embeds", "overlap_valid")
+    layers = {f"keys.{i}": k for i, k in enumerate(state.keys)} | {
+        f"values.{i}": v for i, v in enumerate(state.values)
+    }
+    return {name: getattr(state, name) for name in names} | layers
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["lockstep", "left-padded"])
+def test_a_prompt_read_for_its_last_logits_equals_the_full_read(padded):
+    """Without gradient, the embeddings are looked up window by window and steps that give no output are dropped:
+    the last logits and the carried state are those of the full read (every position's embeddings and logits)."""
+    model, _ = BY_NAME["llama"].models(window_overlap=2)
+    tokens = ids(2, 45)
+    mask = torch.ones_like(tokens)
+    if padded:
+        mask[0, :7] = 0
+    with torch.no_grad():
+        full = model(inputs_embeds=model.get_input_embeddings()(tokens), attention_mask=mask)
+        last = model(tokens, attention_mask=mask, logits_to_keep=1)
+        silent = model(tokens, attention_mask=mask, return_logits=False)
+    assert silent.logits is None
+    torch.testing.assert_close(last.logits, full.logits[:, -1:])
+    for state in (last.past_key_values, silent.past_key_values):
+        assert state.seen_tokens == full.past_key_values.seen_tokens
+        for name, tensor in _state_tensors(full.past_key_values).items():
+            torch.testing.assert_close(_state_tensors(state)[name], tensor, msg=name)
+    # The text continues from either state alike (the calls advance the states in place).
+    more = ids(2, 5)
+    with torch.no_grad():
+        continued = model(more, past_key_values=last.past_key_values)
+        expected = model(more, past_key_values=full.past_key_values)
+    torch.testing.assert_close(continued.logits, expected.logits)
+
+
+def _live_tensor_bytes(excluded: list[torch.Tensor]) -> int:
+    """Bytes of the tensors alive now that are neither parameters nor `excluded` (the caller's inputs)."""
+    skip = {t.untyped_storage().data_ptr() for t in excluded}
+    storages = {}
+    for obj in gc.get_objects():
+        # By type: isinstance would read `__class__` of every object, which some lazy modules warn about.
+        if issubclass(type(obj), torch.Tensor) and not issubclass(type(obj), torch.nn.Parameter):
+            storage = obj.untyped_storage()
+            if storage.data_ptr() not in skip:
+                storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def test_reading_a_prompt_for_its_last_logits_keeps_nothing_per_position():
+    """What a forward without gradient holds while it computes the last logits does not grow with the prompt: no
+    (batch, length, hidden) embeddings, no per-window outputs. Only the (batch, length) bool mask of real tokens
+    remains (one byte a position; one hidden state a position would be 4 * 32 here)."""
+    model, _ = BY_NAME["llama"].models(window_overlap=2)
+    embedding_columns, live = [], {}
+
+    def at_head(_module, args, _output):
+        if args[0].shape[1] == 1 and length not in live:  # forward()'s last window, asked for the last position
+            live[length] = _live_tensor_bytes([tokens])
+
+    embedding_hook = model.get_input_embeddings().register_forward_hook(
+        lambda _m, _args, output: embedding_columns.append(output.shape[1])
+    )
+    head_hook = model.get_output_embeddings().register_forward_hook(at_head)
+    lengths = (24, 240)
+    for length in lengths:
+        tokens = ids(2, length)
+        with torch.no_grad():
+            model(tokens, logits_to_keep=1)
+            model.generate(tokens, attention_mask=torch.ones_like(tokens), max_new_tokens=1, do_sample=False)
+    embedding_hook.remove()
+    head_hook.remove()
+    # Every lookup, generate()'s prefill included, is one window's or less: never the whole prompt's.
+    assert max(embedding_columns) <= model.config.window_size
+    # At most the real-token mask and a copy of it grow: 2 rows, a byte each per position.
+    assert live[lengths[1]] - live[lengths[0]] <= 2 * 2 * (lengths[1] - lengths[0]) + 4096, live
 
 
 def test_gradient_checkpointing_equals_plain_autograd():

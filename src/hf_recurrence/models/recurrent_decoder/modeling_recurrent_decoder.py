@@ -1116,6 +1116,22 @@ RecurrentDecoderModelOutput = _model_output_class(
 )
 
 
+class _WindowEmbeddings:
+    """A call's token embeddings, looked up window by window (`embeddings[:, start:stop]`) from its (batch, length)
+    `input_ids`, for a forward without gradient: the (batch, length, hidden) embeddings of a long prompt never exist
+    at once, so what reading it keeps does not grow with its length. Has the `shape`, `dtype` and `device` of the
+    tensor it stands for."""
+
+    def __init__(self, embedding: nn.Module, input_ids: torch.Tensor):
+        self.embedding, self.input_ids = embedding, input_ids
+        first = embedding(input_ids[:, :1])
+        self.shape = torch.Size([*input_ids.shape, first.shape[-1]])
+        self.dtype, self.device = first.dtype, first.device
+
+    def __getitem__(self, index: tuple) -> torch.Tensor:
+        return self.embedding(self.input_ids[index])
+
+
 @dataclass
 class _StepOutput:
     # The causal LM's scores of the step's kept columns, (batch, kept, vocab), or the bare model's final hidden
@@ -1123,7 +1139,8 @@ class _StepOutput:
     result: torch.Tensor | None
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
-    pooled: torch.Tensor  # (batch, hidden) float32 layer-weighted sum over the step's real positions
+    # (batch, hidden) float32 layer-weighted sum over the step's real positions; None once the state has added it
+    pooled: torch.Tensor | None
     all_hidden: tuple[torch.Tensor, ...] | None  # embedding output and every layer's, (batch, new, hidden) each
     head: torch.Tensor | None  # what step_head returned (the window's loss)
     attentions: tuple[torch.Tensor, ...] | None  # per layer, (batch, head, new, 1 + window_size)
@@ -1147,6 +1164,13 @@ class _StepOutput:
         all_hidden = rest[: num_layers + 1] if settings.output_hidden_states else None
         attentions = rest[-num_layers:] if settings.output_attentions else None
         return cls(result, keys, values, pooled, all_hidden, head, attentions)
+
+    @property
+    def carries_nothing(self) -> bool:
+        """Whether the step gives the call's outputs nothing: no kept logits (an empty result), no head output, no
+        hidden states or attentions. A long prompt read for its last logits is such steps but the last."""
+        empty = self.result is not None and self.result.shape[1] == 0
+        return empty and self.head is None and self.all_hidden is None and self.attentions is None
 
 
 @dataclass(frozen=True)
@@ -1592,7 +1616,7 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
 
     def _forward_windows(
         self,
-        inputs_embeds: torch.Tensor,
+        inputs_embeds: torch.Tensor | _WindowEmbeddings,
         real: torch.Tensor,
         document_starts: torch.Tensor | None,
         state: RecurrentDecoderState,
@@ -1656,8 +1680,13 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
             flat = compiled(settings, *args) if compiled is not None else self.window_step(self._step, settings, *args)
             step = _StepOutput.from_flat(flat, len(state.keys), settings)
             state.append_step(step.keys, step.values, step_real, step.pooled, new_embeds, new_real)
-            # The state owns the cache now; a reference left here would keep every window's cache alive until return.
-            step.keys = step.values = []
+            # The state owns the cache and the pooled sum now; a reference left here would keep every window's cache
+            # alive until return.
+            step.keys, step.values, step.pooled = [], [], None
+            if steps and steps[-1].carries_nothing:
+                # Adds nothing to the outputs (the next step's result follows it, and an empty one joins as nothing):
+                # dropped, so that what a call keeps does not grow with the windows it reads for no output.
+                steps.pop()
             steps.append(step)
             start = stop
         return steps
@@ -1669,9 +1698,10 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         state: RecurrentDecoderState | None,
         inputs_embeds: torch.Tensor | None,
         kwargs: dict,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, RecurrentDecoderState]:
-        """Validate the inputs; return the new positions' embeddings, their real-token mask, where packed documents
-        start (from `position_ids`, see `_document_starts`) and the state."""
+    ) -> tuple[torch.Tensor | _WindowEmbeddings, torch.Tensor, torch.Tensor | None, RecurrentDecoderState]:
+        """Validate the inputs; return the new positions' embeddings (looked up window by window from `input_ids`
+        without gradient), their real-token mask, where packed documents start (from `position_ids`, see
+        `_document_starts`) and the state."""
         _refuse_export(self)
         if kwargs.get("token_type_ids") is not None:
             raise ValueError(f"token_type_ids are not supported by {type(self).__name__}")
@@ -1680,7 +1710,12 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         if inputs_embeds is None:
             if input_ids.dim() != 2:
                 raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
-            inputs_embeds = self.get_input_embeddings()(input_ids)
+            if torch.is_grad_enabled() or input_ids.shape[1] <= self.config.window_size:
+                # One lookup: with gradient, each window's own would give the embedding's backward a (vocab, hidden)
+                # gradient each; an input of one window or less (a decode step) is no longer than a window's.
+                inputs_embeds = self.get_input_embeddings()(input_ids)
+            else:
+                inputs_embeds = _WindowEmbeddings(self.get_input_embeddings(), input_ids)
         batch, length = inputs_embeds.shape[:2]
         if length == 0:
             raise ValueError("The input is empty (length 0)")
@@ -1954,9 +1989,9 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
         embeds, real, document_starts, state = self._prepare(
             input_ids, attention_mask, _given_state(past_key_values, cache), inputs_embeds, kwargs
         )
-        kept = None
-        if keep_logits or loss_per_window:
-            kept = _KeptColumns(logits_to_keep if keep_logits else 0, embeds.shape[1], embeds.device)
+        # Every column's logits for the loss; none where nothing is returned (then the steps keep nothing).
+        columns = logits_to_keep if keep_logits else 0 if loss_per_window else torch.zeros(0, dtype=torch.long)
+        kept = _KeptColumns(columns, embeds.shape[1], embeds.device)
         output_hidden_states, output_attentions = self._output_flags(output_hidden_states, output_attentions)
         steps = self._forward_windows(
             embeds,
