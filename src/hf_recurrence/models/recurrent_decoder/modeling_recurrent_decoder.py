@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import tempfile
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, make_dataclass, replace
 from pathlib import Path
@@ -999,6 +1000,9 @@ class FixedShapeWindowCache:
         self._fill_bound: int | None = None
         # (h_prev, its key, its value) at the insertion layer: fixed for a whole window, computed once per window.
         self._h_prev_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        # The model whose eager call last checked this state (inputs, config, shapes): its compiled single-token
+        # calls trust that check instead of repeating it per token (see `RecurrentDecoderForCausalLM.forward`).
+        self._checked_by: weakref.ref | None = None
 
     def h_prev_key_value(self, model: "RecurrentDecoderWindowModel") -> tuple[torch.Tensor, torch.Tensor]:
         """`h_prev`'s key and value at `model`'s insertion layer, (batch, kv_heads, 1, head_dim) each: computed when
@@ -1053,20 +1057,13 @@ def _fixed_shape_step(state: RecurrentDecoderState, settings: "_StepSettings") -
 
 
 def _fixed_shape_decode(
-    model: "RecurrentDecoderWindowModel",
-    state: RecurrentDecoderState,
-    embeds: torch.Tensor,
-    real: torch.Tensor,
-    document_starts: torch.Tensor | None,
-    kept: "_KeptColumns | None",
-    step_head: Callable | None,
-    output_hidden_states: bool,
-    output_attentions: bool,
-) -> "_StepOutput | None":
-    """Run a call of one new column over a fixed-shape state with a `compile_config` as one compiled step that also
-    writes the cache and advances the state in place; None where the call is not such a step (another length, no
-    logits or a loss, hidden states or attentions asked for, gradients, a document start) or some row may begin a
-    window in it (that step runs eagerly: it re-reads the overlap and computes the new `h_prev`).
+    model: "RecurrentDecoderWindowModel", state: RecurrentDecoderState, embeds: torch.Tensor, real: torch.Tensor
+) -> torch.Tensor | None:
+    """The (batch, 1, vocab) logits of one new column (`embeds` (batch, 1, hidden), `real` (batch, 1)) over a
+    fixed-shape state with a `compile_config`, from one compiled step that also writes the cache and advances the
+    state in place; None where the state is not such a state, gradients are on, or some row may begin a window in
+    this step (that step runs eagerly: it re-reads the overlap and computes the new `h_prev`). The caller checks that
+    the call asks for nothing else (logits of its one column, no loss, hidden states or attentions, no document start).
 
     Reads nothing from the device but once after each eager step (`decodes_inside_windows`); leaves the lockstep,
     since whether the column is real is not read.
@@ -1074,13 +1071,6 @@ def _fixed_shape_decode(
     if (
         not isinstance(state, FixedShapeWindowCache)
         or state.compile_config is None
-        or embeds.shape[1] != 1
-        or document_starts is not None
-        or kept is None
-        or kept.columns is not None
-        or step_head is not None
-        or output_hidden_states
-        or output_attentions
         or torch.is_grad_enabled()
         or not state.decodes_inside_windows()
     ):
@@ -1106,7 +1096,7 @@ def _fixed_shape_decode(
     )
     state._fill_bound += 1
     state.seen_tokens += 1
-    return _StepOutput(logits, [], [], None, None, None, None)
+    return logits
 
 
 @functools.cache
@@ -1164,11 +1154,16 @@ def _decode_in_place(
 
 def _compiled_decode(model: "RecurrentDecoderWindowModel", compile_config: CompileConfig) -> Callable:
     """`_decode_in_place` over `model` compiled with `compile_config`'s options; one per model and options."""
+    # Looked up once per token: the last config object's step is kept, so its options are not read again.
+    last = model.__dict__.get("_last_compiled_step")
+    if last is not None and last[0] is compile_config:
+        return last[1]
     options = compile_config.to_dict()
     key = json.dumps(options, sort_keys=True, default=repr)
     compiled = model.__dict__.setdefault("_compiled_steps", {})
     if key not in compiled:
         compiled[key] = torch.compile(functools.partial(_decode_in_place, model), **options)
+    model.__dict__["_last_compiled_step"] = (compile_config, compiled[key])
     return compiled[key]
 
 
@@ -1739,11 +1734,13 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         bool, packed sequences) a row forgets its text, so each document is read as if alone from a new state.
         `kept`: the columns to compute logits for (None: none).
         """
-        decoded = _fixed_shape_decode(
-            self, state, inputs_embeds, real, document_starts, kept, step_head, output_hidden_states, output_attentions
-        )
-        if decoded is not None:
-            return [decoded]
+        if isinstance(state, FixedShapeWindowCache):
+            state._checked_by = weakref.ref(self)  # `_prepare` checked the call and the state
+            plain = kept is not None and kept.columns is None and step_head is None and document_starts is None
+            if plain and inputs_embeds.shape[1] == 1 and not (output_hidden_states or output_attentions):
+                logits = _fixed_shape_decode(self, state, inputs_embeds, real)
+                if logits is not None:
+                    return [_StepOutput(logits, [], [], None, None, None, None)]
         length = inputs_embeds.shape[1]
         if state.lockstep is not None and not bool(real.all()):  # the call's one read of the device
             state.leave_lockstep()
@@ -1982,6 +1979,44 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
             return out.hidden_states[-1][:, -settings.num_new :], out.hidden_states
         return out.logits, out.hidden_states
 
+    def _decode_token(
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        state: "FixedShapeWindowCache",
+        use_cache: bool | None,
+        return_logits: bool | None,
+        logits_to_keep: int | torch.Tensor,
+    ) -> torch.Tensor | None:
+        """generate()'s single-token call over a fixed-shape state, the compiled step alone: the (batch, 1, vocab)
+        logits, or None where the call is another (see `_fixed_shape_decode`) and takes the usual path.
+
+        The state was checked against this model by the eager call that advanced it last (`_checked_by`); the
+        single-token calls in between do not check it, the config or the inputs' device again, once per token, so
+        change neither the config nor the attention implementation in the middle of a text read this way.
+        """
+        batch = state.batch_size
+        if (
+            input_ids is None
+            or input_ids.shape != (batch, 1)
+            or (attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.shape[0] != batch))
+            or use_cache is False
+            or return_logits is False
+            or not isinstance(logits_to_keep, int)
+            or logits_to_keep < 0
+            or state._checked_by is None
+            or state._checked_by() is not self
+            or self.config.output_hidden_states
+            or self.config.output_attentions
+        ):
+            return None
+        embeds = self.get_input_embeddings()(input_ids)
+        if attention_mask is None:
+            real = torch.ones(batch, 1, dtype=torch.bool, device=embeds.device)
+        else:
+            real = attention_mask[:, -1:].to(device=embeds.device, dtype=torch.bool)
+        return _fixed_shape_decode(self, state, embeds, real)
+
     def _targets(
         self,
         labels: torch.Tensor | None,
@@ -2067,6 +2102,12 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
                 Targets already aligned with the positions that predict them; used as given instead of shifting
                 `labels`.
         """
+        state = _given_state(past_key_values, cache)
+        if isinstance(state, FixedShapeWindowCache) and not kwargs and labels is None and inputs_embeds is None:
+            logits = self._decode_token(input_ids, attention_mask, state, use_cache, return_logits, logits_to_keep)
+            if logits is not None:
+                output = RecurrentDecoderCausalLMOutput(logits=logits, **{STATE_NAME: state})
+                return output if return_dict is not False else output.to_tuple()
         keeps_some = not isinstance(logits_to_keep, int) or logits_to_keep != 0
         if keeps_some and (labels is not None or kwargs.get("shift_labels") is not None):
             raise ValueError(
@@ -2086,9 +2127,7 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
             return self._loss(logits, step_labels, num_items)  # one window's (batch, new, vocab) logits
 
         loss_per_window = shift_labels is not None and not keep_logits
-        embeds, real, document_starts, state = self._prepare(
-            input_ids, attention_mask, _given_state(past_key_values, cache), inputs_embeds, kwargs
-        )
+        embeds, real, document_starts, state = self._prepare(input_ids, attention_mask, state, inputs_embeds, kwargs)
         kept = None
         if keep_logits or loss_per_window:
             kept = _KeptColumns(logits_to_keep if keep_logits else 0, embeds.shape[1], embeds.device)
