@@ -998,8 +998,8 @@ class FixedShapeWindowCache:
         # A bound on every row's fill known on the host (None: not known), so that a compiled single-token step knows
         # without reading the device that no row begins a window in it; the compiled steps raise it by one each.
         self._fill_bound: int | None = None
-        # (h_prev, its key, its value) at the insertion layer: fixed for a whole window, computed once per window.
-        self._h_prev_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        # (h_prev, the model, h_prev's key, its value) at the model's insertion layer: fixed for a whole window.
+        self._h_prev_kv: tuple[torch.Tensor, weakref.ref, torch.Tensor, torch.Tensor] | None = None
         # The model whose eager call last checked this state (inputs, config, shapes): its compiled single-token
         # calls trust that check instead of repeating it per token (see `RecurrentDecoderForCausalLM.forward`).
         self._checked_by: weakref.ref | None = None
@@ -1009,9 +1009,9 @@ class FixedShapeWindowCache:
         `h_prev` changed (every change binds a new tensor: `start_windows`, `reset`, `to`, `reorder_cache`), else
         kept. They hold the weights of the call that computed them: meant for a text read with fixed weights."""
         cached = self._h_prev_kv
-        if cached is None or cached[0] is not self.h_prev:
-            cached = self._h_prev_kv = (self.h_prev, *model._h_prev_key_value(self.h_prev))
-        return cached[1], cached[2]
+        if cached is None or cached[0] is not self.h_prev or cached[1]() is not model:
+            cached = self._h_prev_kv = (self.h_prev, weakref.ref(model), *model._h_prev_key_value(self.h_prev))
+        return cached[2], cached[3]
 
     def decodes_inside_windows(self) -> bool:
         """Whether the next single-token step begins no window in any row (every fill below `window_size`), known
@@ -1987,6 +1987,8 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
         use_cache: bool | None,
         return_logits: bool | None,
         logits_to_keep: int | torch.Tensor,
+        output_hidden_states: bool | None,
+        output_attentions: bool | None,
     ) -> torch.Tensor | None:
         """generate()'s single-token call over a fixed-shape state, the compiled step alone: the (batch, 1, vocab)
         logits, or None where the call is another (see `_fixed_shape_decode`) and takes the usual path.
@@ -2000,14 +2002,14 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
             input_ids is None
             or input_ids.shape != (batch, 1)
             or (attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.shape[0] != batch))
+            or (attention_mask is not None and attention_mask.shape[1] < 1)
             or use_cache is False
             or return_logits is False
             or not isinstance(logits_to_keep, int)
             or logits_to_keep < 0
             or state._checked_by is None
             or state._checked_by() is not self
-            or self.config.output_hidden_states
-            or self.config.output_attentions
+            or any(self._output_flags(output_hidden_states, output_attentions))
         ):
             return None
         embeds = self.get_input_embeddings()(input_ids)
@@ -2104,7 +2106,8 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
         """
         state = _given_state(past_key_values, cache)
         if isinstance(state, FixedShapeWindowCache) and not kwargs and labels is None and inputs_embeds is None:
-            logits = self._decode_token(input_ids, attention_mask, state, use_cache, return_logits, logits_to_keep)
+            outputs = (use_cache, return_logits, logits_to_keep, output_hidden_states, output_attentions)
+            logits = self._decode_token(input_ids, attention_mask, state, *outputs)
             if logits is not None:
                 output = RecurrentDecoderCausalLMOutput(logits=logits, **{STATE_NAME: state})
                 return output if return_dict is not False else output.to_tuple()
