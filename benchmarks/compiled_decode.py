@@ -7,7 +7,10 @@ Run (GPT-2 small, 300-token windows; meant for a GPU):
 
     python benchmarks/compiled_decode.py --device cuda [--write-docs]
 
-The recorded CPU run uses a tiny shape (see docs/benchmarks.md for its command line).
+A CPU run at a tiny shape (2 layers, 64 wide, vocabulary 512, 32-token windows; no run recorded yet):
+
+    python benchmarks/compiled_decode.py --threads 1 --n-layer 2 --n-embd 64 --n-head 2 --vocab-size 512 \
+        --window-size 32 [--write-docs]
 
 Decode tokens/s: batch x (length - 1) new tokens over the time of `generate(max_new_tokens=length)` minus that of
 `generate(max_new_tokens=1)` (the prompt's prefill), warm, median of `--repeats` interleaved rounds (`--long-repeats`
