@@ -52,6 +52,31 @@ def test_fixed_shape_cache_generates_the_default_tokens(family, overlap):
     torch.testing.assert_close(state.slot_valid.sum(1), state.fill, rtol=0, atol=0)
 
 
+# The single-token step that writes the cache and advances the state in place, traced by dynamo but run by the eager
+# backend (no inductor compile): its bookkeeping is the eager path's, in every family.
+@pytest.mark.parametrize(("family", "overlap"), [("llama", 2), ("gemma2", 0), ("gpt2", 2)])
+def test_in_place_single_token_step_advances_the_state_as_the_eager_path(family, overlap):
+    torch._dynamo.reset()
+    model, _ = BY_NAME[family].models(window_overlap=overlap)
+    ids, mask = left_padded_prompts(model.config.text_config.vocab_size)
+    default = greedy(model, ids, mask, cache_implementation="static")
+    config = CompileConfig(backend="eager", fullgraph=True)
+    config._compile_all_devices = True
+    traced = greedy(model, ids, mask, cache_implementation="static", compile_config=config)
+    assert model._compiled_steps  # the in-place step ran
+    torch.testing.assert_close(traced.sequences, default.sequences, rtol=0, atol=0)
+    expected, state = getattr(default, STATE_NAME), getattr(traced, STATE_NAME)
+    assert state.get_seq_length() == expected.get_seq_length()
+    for name in ("slot_valid", "fill", "window_index", "overlap_valid"):
+        torch.testing.assert_close(getattr(state, name), getattr(expected, name), rtol=0, atol=0)
+    for name in ("pooled_sum", "h_prev", "overlap_embeds"):
+        torch.testing.assert_close(getattr(state, name), getattr(expected, name))
+    valid = state.slot_valid[:, None, :, None]
+    for buffers, expected_buffers in ((state.keys, expected.keys), (state.values, expected.values)):
+        for buffer, expected_buffer in zip(buffers, expected_buffers, strict=True):
+            torch.testing.assert_close(buffer * valid, expected_buffer * valid)
+
+
 def test_fixed_shape_cache_is_refused_beside_a_given_state():
     model, _ = BY_NAME["llama"].models()
     ids, mask = left_padded_prompts(model.config.text_config.vocab_size)

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import tempfile
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, make_dataclass, replace
 from pathlib import Path
@@ -166,6 +167,7 @@ class _StepContext:
         h_prev_norm: Callable[[torch.Tensor], torch.Tensor],
         h_prev_rotation: tuple[torch.Tensor, torch.Tensor] | None,
         output_attentions: bool,
+        h_prev_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     ):
         self.insertion_layer = insertion_layer
         self.eager = eager
@@ -174,6 +176,9 @@ class _StepContext:
         self.h_prev, self.h_prev_norm = h_prev, h_prev_norm
         # (cos, sin) of the h_prev key, (batch, 1, rotary_dim) each; None: unrotated (`h_prev_rope_position`).
         self.h_prev_rotation = h_prev_rotation
+        # h_prev's key/value at the insertion layer when already known (a fixed-shape state keeps them for the whole
+        # window, see `FixedShapeWindowCache.h_prev_key_value`); None: computed from `h_prev` in the step.
+        self.h_prev_kv = h_prev_kv
         self.output_attentions = output_attentions
         # Filled by the layers: their keys/values (cache + step, per kv head) and attention weights.
         self.keys: dict[int, torch.Tensor] = {}
@@ -249,7 +254,7 @@ def recurrent_attention(
     if inserting:
         # Inside the layer's forward, where FSDP2 has gathered the layer's weights. h_prev is one extra key/value
         # per kv head only: it never becomes a query, so the outputs stay one per token.
-        h_key, h_value = _h_prev_key_value(module, ctx)
+        h_key, h_value = ctx.h_prev_kv if ctx.h_prev_kv is not None else _h_prev_key_value(module, ctx)
         key, value, mask = torch.cat([h_key, key], dim=2), torch.cat([h_value, value], dim=2), ctx.inserted_mask
     output, weights = _inner_attention(module, ctx.eager)(module, query, key, value, mask, **kwargs)
     if ctx.output_attentions:
@@ -967,7 +972,8 @@ class FixedShapeWindowCache:
     A row's token at window position `j` lives in slot `j`, so a row's valid slots are always its first `fill` ones;
     slot `window_size` receives the step's padding columns and is never valid. A new window only clears `slot_valid`:
     the stale keys are masked until overwritten. Every single-token step thus sees tensors of the same shapes, and the
-    model runs it compiled when `compile_config` is set. Meant for inference: the buffers are written in place.
+    model runs it compiled when `compile_config` is set (see `_fixed_shape_decode`): the step, the cache write and the
+    state's bookkeeping in one graph that updates the state's tensors in place. Meant for inference.
     """
 
     # How the model compiles the single-token step for this state (set by generate(), as for the stock static cache);
@@ -989,10 +995,36 @@ class FixedShapeWindowCache:
         self.keys = [k.new_zeros(*k.shape[:2], slots, k.shape[3]) for k in self.keys]
         self.values = [v.new_zeros(*v.shape[:2], slots, v.shape[3]) for v in self.values]
         self.slot_valid = self.slot_valid.new_zeros(self.batch_size, slots)  # (batch, 1 + window_size)
+        # A bound on every row's fill known on the host (None: not known), so that a compiled single-token step knows
+        # without reading the device that no row begins a window in it; the compiled steps raise it by one each.
+        self._fill_bound: int | None = None
+        # (h_prev, the model, h_prev's key, its value) at the model's insertion layer: fixed for a whole window.
+        self._h_prev_kv: tuple[torch.Tensor, weakref.ref, torch.Tensor, torch.Tensor] | None = None
+        # The model whose eager call last checked this state (inputs, config, shapes): its compiled single-token
+        # calls trust that check instead of repeating it per token (see `RecurrentDecoderForCausalLM.forward`).
+        self._checked_by: weakref.ref | None = None
+
+    def h_prev_key_value(self, model: "RecurrentDecoderWindowModel") -> tuple[torch.Tensor, torch.Tensor]:
+        """`h_prev`'s key and value at `model`'s insertion layer, (batch, kv_heads, 1, head_dim) each: computed when
+        `h_prev` changed (every change binds a new tensor: `start_windows`, `reset`, `to`, `reorder_cache`), else
+        kept. They hold the weights of the call that computed them: meant for a text read with fixed weights."""
+        cached = self._h_prev_kv
+        if cached is None or cached[0] is not self.h_prev or cached[1]() is not model:
+            cached = self._h_prev_kv = (self.h_prev, weakref.ref(model), *model._h_prev_key_value(self.h_prev))
+        return cached[2], cached[3]
+
+    def decodes_inside_windows(self) -> bool:
+        """Whether the next single-token step begins no window in any row (every fill below `window_size`), known
+        on the host: from the lockstep, from the bound the compiled steps keep, or else read from the device (once
+        after each call that ran eagerly, so about once per window and row offset)."""
+        if self._fill_bound is None:
+            self._fill_bound = self.lockstep[0] if self.lockstep is not None else int(self.fill.max())
+        return self._fill_bound < self.window_size
 
     def _record_cache(self, keys: list[torch.Tensor], values: list[torch.Tensor], step_real: torch.Tensor) -> None:
         """Write the step's columns, the last `cols` of each layer's (batch, kv_heads, slots + cols, head_dim) keys
         and values, into the buffers: a real column at its window position, padding into the spare slot."""
+        self._fill_bound = None  # an eager step: the next compiled one reads the fills again
         cols = step_real.shape[1]
         # (batch, cols): window position of each real column (steps stay inside every row's window), else the spare.
         slot = torch.where(step_real, self.fill[:, None] + step_real.cumsum(1) - 1, self.window_size)
@@ -1016,38 +1048,122 @@ def fixed_shape_state_class(state_class: type[RecurrentDecoderState]) -> type[Re
     return type(f"FixedShape{state_class.__name__}", (FixedShapeWindowCache, state_class), {"__module__": __name__})
 
 
-def _fixed_shape_step(
-    model: "RecurrentDecoderWindowModel", state: RecurrentDecoderState, settings: "_StepSettings", columns: int
-) -> tuple["_StepSettings", Callable | None]:
-    """A step's settings over `state`, and the compiled single-token step to run it with (None: the eager one).
-
-    Over a fixed-shape state the step always joins `h_prev` (masked in rows whose window has none) and reads whether
-    columns are real from the mask: host-known facts that change along a text would otherwise change the graph.
-    """
+def _fixed_shape_step(state: RecurrentDecoderState, settings: "_StepSettings") -> "_StepSettings":
+    """A step's settings over `state`: over a fixed-shape state the step always joins `h_prev` (masked in rows whose
+    window has none) and reads whether columns are real from the mask, as the compiled single-token step does."""
     if not isinstance(state, FixedShapeWindowCache):
-        return settings, None
-    settings = replace(settings, uses_h_prev=True, all_real=None)
-    decoding = (
-        columns == 1
-        and settings.step_head is None
-        and not (settings.output_hidden_states or settings.output_attentions or torch.is_grad_enabled())
+        return settings
+    return replace(settings, uses_h_prev=True, all_real=None)
+
+
+def _fixed_shape_decode(
+    model: "RecurrentDecoderWindowModel", state: RecurrentDecoderState, embeds: torch.Tensor, real: torch.Tensor
+) -> torch.Tensor | None:
+    """The (batch, 1, vocab) logits of one new column (`embeds` (batch, 1, hidden), `real` (batch, 1)) over a
+    fixed-shape state with a `compile_config`, from one compiled step that also writes the cache and advances the
+    state in place; None where the state is not such a state, gradients are on, or some row may begin a window in
+    this step (that step runs eagerly: it re-reads the overlap and computes the new `h_prev`). The caller checks that
+    the call asks for nothing else (logits of its one column, no loss, hidden states or attentions, no document start).
+
+    Reads nothing from the device but once after each eager step (`decodes_inside_windows`); leaves the lockstep,
+    since whether the column is real is not read.
+    """
+    if (
+        not isinstance(state, FixedShapeWindowCache)
+        or state.compile_config is None
+        or torch.is_grad_enabled()
+        or not state.decodes_inside_windows()
+    ):
+        return None
+    h_key, h_value = state.h_prev_key_value(model)
+    state.leave_lockstep()
+    step = _compiled_decode(model, state.compile_config)
+    logits = step(
+        _decode_settings(state.window_size),
+        embeds,
+        real,
+        state.fill,
+        state.slot_valid,
+        state.window_index,
+        state.h_prev,
+        h_key,
+        h_value,
+        state.pooled_sum,
+        state.overlap_embeds,
+        state.overlap_valid,
+        *state.keys,
+        *state.values,
     )
-    if state.compile_config is None or not decoding:
-        return settings, None
-    return settings, _compiled_step(model, state.compile_config)
+    state._fill_bound += 1
+    state.seen_tokens += 1
+    return logits
 
 
-def _compiled_step(model: "RecurrentDecoderWindowModel", compile_config: CompileConfig) -> Callable:
-    """`model._step` compiled with `compile_config`'s options, returning the flat tuple; one per model and options."""
+@functools.cache
+def _decode_settings(window_size: int) -> "_StepSettings":
+    """The settings of a compiled single-token step: one object per window size, so its guards always pass."""
+    return _StepSettings(
+        num_new=1,
+        window_size=window_size,
+        logits_to_keep=1,
+        step_head=None,
+        output_hidden_states=False,
+        output_attentions=False,
+        uses_h_prev=True,
+        all_real=None,
+    )
+
+
+def _decode_in_place(
+    model: "RecurrentDecoderWindowModel",
+    settings: "_StepSettings",
+    embeds: torch.Tensor,
+    real: torch.Tensor,
+    fill: torch.Tensor,
+    slot_valid: torch.Tensor,
+    window_index: torch.Tensor,
+    h_prev: torch.Tensor,
+    h_key: torch.Tensor,
+    h_value: torch.Tensor,
+    pooled_sum: torch.Tensor,
+    overlap_embeds: torch.Tensor,
+    overlap_valid: torch.Tensor,
+    *buffers: torch.Tensor,
+) -> torch.Tensor:
+    """One single-token step inside every row's window over a fixed-shape state's tensors, updated in place as
+    `append_step` would: the step's key/value written into the buffers (a real column at its window position,
+    padding into the spare slot), `slot_valid`, `fill`, `pooled_sum` and the overlap. Returns the step's logits."""
+    step = model._step(
+        settings, embeds, real, fill, slot_valid, window_index > 0, h_prev, None, *buffers, h_prev_kv=(h_key, h_value)
+    )
+    column = real[:, 0]  # (batch,)
+    slot = torch.where(column, fill, settings.window_size)  # (batch,)
+    for buffer, new in zip(buffers, step.keys + step.values, strict=True):
+        buffer.scatter_(2, slot[:, None, None, None].expand(*buffer.shape[:2], 1, buffer.shape[3]), new[:, :, -1:])
+    slot_valid.scatter_(1, slot[:, None], real)
+    fill.add_(column.long())
+    pooled_sum.add_(step.pooled)
+    if overlap_embeds.shape[1]:
+        kept_embeds = torch.cat([overlap_embeds, embeds], dim=1)
+        kept_real = torch.cat([overlap_valid, real], dim=1)
+        index = _right_packing_index(kept_real, overlap_embeds.shape[1])
+        overlap_embeds.copy_(_gather_slots(kept_embeds, index, 1))
+        overlap_valid.copy_(kept_real.gather(1, index))
+    return step.result
+
+
+def _compiled_decode(model: "RecurrentDecoderWindowModel", compile_config: CompileConfig) -> Callable:
+    """`_decode_in_place` over `model` compiled with `compile_config`'s options; one per model and options."""
+    # Looked up once per token: the last config object's step is kept, so its options are not read again.
+    last = model.__dict__.get("_last_compiled_step")
+    if last is not None and last[0] is compile_config:
+        return last[1]
     options = compile_config.to_dict()
     key = json.dumps(options, sort_keys=True, default=repr)
     compiled = model.__dict__.setdefault("_compiled_steps", {})
     if key not in compiled:
-
-        def flat_step(settings: _StepSettings, *tensors: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-            return model._step(settings, *tensors).flat()
-
-        compiled[key] = torch.compile(flat_step, **options)
+        compiled[key] = torch.compile(functools.partial(_decode_in_place, model), **options)
+    model.__dict__["_last_compiled_step"] = (compile_config, compiled[key])
     return compiled[key]
 
 
@@ -1483,12 +1599,14 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         h_prev: torch.Tensor,
         targets: torch.Tensor | None,
         *past: torch.Tensor,
+        h_prev_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> _StepOutput:
         """Run the backbone over one stretch of columns that stays inside each row's current window.
 
         embeds: (batch, cols, hidden) token embeddings (a re-read overlap prefix, then `num_new` new columns);
         real: (batch, cols) bool; fill: (batch,) tokens already in each row's window; `past` = the cached keys of
         every layer, then their values. Pure in its tensor arguments, so it can be recomputed under checkpointing.
+        `h_prev_kv`: h_prev's key and value at the insertion layer, when known (else computed from `h_prev`).
         """
         layers = _decoder_layers(self.backbone)
         num_layers, num_new = len(layers), settings.num_new
@@ -1508,8 +1626,9 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
             inserted_mask,
             h_prev if use_h_prev else None,
             getattr(layers[insertion_layer], norm) if norm is not None else nn.Identity(),
-            self._h_prev_rotation(h_prev) if use_h_prev else None,
+            self._h_prev_rotation(h_prev) if use_h_prev and h_prev_kv is None else None,
             settings.output_attentions,
+            h_prev_kv,
         )
         result, hidden_states = self._run_backbone(
             settings,
@@ -1601,6 +1720,24 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
             kwargs["layer_type"] = self.config.text_config.layer_types[self.config.insertion_layer]
         return rotary(h_prev, positions, **kwargs)
 
+    def _h_prev_key_value(self, h_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`h_prev`'s key and value at the insertion layer, (batch, kv_head, 1, head_dim) each, as a step computes
+        them (`_h_prev_key_value`): the same code on the same tensors, so the same values."""
+        layer = _decoder_layers(self.backbone)[self.config.insertion_layer]
+        norm = PRE_ATTENTION_NORMS[self.config.text_config.model_type]
+        ctx = _StepContext(
+            self.config.insertion_layer,
+            False,
+            [],
+            None,
+            h_prev.new_zeros(0),
+            h_prev,
+            getattr(layer, norm) if norm is not None else nn.Identity(),
+            self._h_prev_rotation(h_prev),
+            False,
+        )
+        return _h_prev_key_value(_attention_module(layer), ctx)
+
     def _next_h_prev(self, state: RecurrentDecoderState) -> torch.Tensor:
         """(batch, hidden) the `h_prev` of each row's next window: its current window's summary through the FFN
         (zeros instead of the summary for the control arm, `recurrence_input="zeros"`)."""
@@ -1633,6 +1770,13 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         bool, packed sequences) a row forgets its text, so each document is read as if alone from a new state.
         `kept`: the columns to compute logits for (None: none).
         """
+        if isinstance(state, FixedShapeWindowCache):
+            state._checked_by = weakref.ref(self)  # `_prepare` checked the call and the state
+            plain = kept is not None and kept.columns is None and step_head is None and document_starts is None
+            if plain and inputs_embeds.shape[1] == 1 and not (output_hidden_states or output_attentions):
+                logits = _fixed_shape_decode(self, state, inputs_embeds, real)
+                if logits is not None:
+                    return [_StepOutput(logits, [], [], None, None, None, None)]
         length = inputs_embeds.shape[1]
         if state.lockstep is not None and not bool(real.all()):  # the call's one read of the device
             state.leave_lockstep()
@@ -1676,8 +1820,8 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
                 *state.keys,
                 *state.values,
             )
-            settings, compiled = _fixed_shape_step(self, state, settings, embeds.shape[1])
-            flat = compiled(settings, *args) if compiled is not None else self.window_step(self._step, settings, *args)
+            settings = _fixed_shape_step(state, settings)
+            flat = self.window_step(self._step, settings, *args)
             step = _StepOutput.from_flat(flat, len(state.keys), settings)
             state.append_step(step.keys, step.values, step_real, step.pooled, new_embeds, new_real)
             # The state owns the cache and the pooled sum now; a reference left here would keep every window's cache
@@ -1859,7 +2003,7 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
         state = model_kwargs.get(STATE_NAME)
         if isinstance(state, FixedShapeWindowCache):
             # Compiling the whole forward would trace the window loop and its host-side schedule; only the
-            # single-token step is compiled (see `_fixed_shape_step`).
+            # single-token step is compiled (see `_fixed_shape_decode`).
             state.compile_config = _step_compile_config(self, generation_config)
             return False
         return super()._valid_auto_compile_criteria(model_kwargs, generation_config)
@@ -1881,6 +2025,46 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
         if keep is None:  # no logits asked for: the final hidden states, as the bare model returns (`base_model`)
             return out.hidden_states[-1][:, -settings.num_new :], out.hidden_states
         return out.logits, out.hidden_states
+
+    def _decode_token(
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        state: "FixedShapeWindowCache",
+        use_cache: bool | None,
+        return_logits: bool | None,
+        logits_to_keep: int | torch.Tensor,
+        output_hidden_states: bool | None,
+        output_attentions: bool | None,
+    ) -> torch.Tensor | None:
+        """generate()'s single-token call over a fixed-shape state, the compiled step alone: the (batch, 1, vocab)
+        logits, or None where the call is another (see `_fixed_shape_decode`) and takes the usual path.
+
+        The state was checked against this model by the eager call that advanced it last (`_checked_by`); the
+        single-token calls in between do not check it, the config or the inputs' device again, once per token, so
+        change neither the config nor the attention implementation in the middle of a text read this way.
+        """
+        batch = state.batch_size
+        if (
+            input_ids is None
+            or input_ids.shape != (batch, 1)
+            or (attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.shape[0] != batch))
+            or (attention_mask is not None and attention_mask.shape[1] < 1)
+            or use_cache is False
+            or return_logits is False
+            or not isinstance(logits_to_keep, int)
+            or logits_to_keep < 0
+            or state._checked_by is None
+            or state._checked_by() is not self
+            or any(self._output_flags(output_hidden_states, output_attentions))
+        ):
+            return None
+        embeds = self.get_input_embeddings()(input_ids)
+        if attention_mask is None:
+            real = torch.ones(batch, 1, dtype=torch.bool, device=embeds.device)
+        else:
+            real = attention_mask[:, -1:].to(device=embeds.device, dtype=torch.bool)
+        return _fixed_shape_decode(self, state, embeds, real)
 
     def _targets(
         self,
@@ -1967,6 +2151,13 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
                 Targets already aligned with the positions that predict them; used as given instead of shifting
                 `labels`.
         """
+        state = _given_state(past_key_values, cache)
+        if isinstance(state, FixedShapeWindowCache) and not kwargs and labels is None and inputs_embeds is None:
+            outputs = (use_cache, return_logits, logits_to_keep, output_hidden_states, output_attentions)
+            logits = self._decode_token(input_ids, attention_mask, state, *outputs)
+            if logits is not None:
+                output = RecurrentDecoderCausalLMOutput(logits=logits, **{STATE_NAME: state})
+                return output if return_dict is not False else output.to_tuple()
         keeps_some = not isinstance(logits_to_keep, int) or logits_to_keep != 0
         if keeps_some and (labels is not None or kwargs.get("shift_labels") is not None):
             raise ValueError(
@@ -1986,9 +2177,7 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
             return self._loss(logits, step_labels, num_items)  # one window's (batch, new, vocab) logits
 
         loss_per_window = shift_labels is not None and not keep_logits
-        embeds, real, document_starts, state = self._prepare(
-            input_ids, attention_mask, _given_state(past_key_values, cache), inputs_embeds, kwargs
-        )
+        embeds, real, document_starts, state = self._prepare(input_ids, attention_mask, state, inputs_embeds, kwargs)
         # Every column's logits for the loss; none where nothing is returned (then the steps keep nothing).
         columns = logits_to_keep if keep_logits else 0 if loss_per_window else torch.zeros(0, dtype=torch.long)
         kept = _KeptColumns(columns, embeds.shape[1], embeds.device)
