@@ -256,8 +256,12 @@ def _live_tensor_bytes(excluded: list[torch.Tensor]) -> int:
         # By type: isinstance would read `__class__` of every object, which some lazy modules warn about.
         if issubclass(type(obj), torch.Tensor) and not issubclass(type(obj), torch.nn.Parameter):
             storage = obj.untyped_storage()
-            if storage.data_ptr() not in skip:
-                storages[storage.data_ptr()] = storage.nbytes()
+            try:
+                pointer = storage.data_ptr()
+            except RuntimeError:  # a fake tensor that an earlier compilation left alive: it holds no memory
+                continue
+            if pointer not in skip:
+                storages[pointer] = storage.nbytes()
     return sum(storages.values())
 
 
