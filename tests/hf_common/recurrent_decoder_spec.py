@@ -4,20 +4,12 @@ sizes as transformers' CausalLMModelTester; 4-token windows so that the 7-token 
 `backbone_spec` builds the same spec over another stock backbone (`recurrent_decoder_qwen3_spec.py`).
 """
 
-from spec_builder import CAUSAL_LM_SIZES, SPECIAL_TOKENS, WINDOW, causal_spec
+from spec_builder import CAUSAL_LM_SIZES, SPECIAL_TOKENS, WINDOW, causal_spec, recurrence_core_skips
 from stateful_checks import retain_grad_skip
 from transformers import AutoConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from hf_recurrence import RecurrentDecoderConfig, RecurrentDecoderForCausalLM, RecurrentDecoderState
-
-
-_CHECKPOINTING = (
-    "gradient checkpointing recomputes whole window steps (RecurrentDecoderWindowStep, one GradientCheckpointingLayer "
-    "for the whole backbone over one window) and turns the stock decoder layers' own checkpointing off, since "
-    "recomputing them inside a recomputed step would run them a third time; the test {what}. "
-    "tests/models/recurrent_decoder checks that checkpointed training gives the plain autograd gradients"
-)
 
 
 def _skips(model_type: str) -> dict[str, str]:
@@ -31,40 +23,12 @@ def _skips(model_type: str) -> dict[str, str]:
             "config.output_attentions) returns the weights, laid out by window position; tests/test_backbones.py "
             "checks them on every backbone"
         ),
-        "test_can_set_attention_dynamically": (
-            "it expects every nested config to read 'eager' after set_attn_implementation('eager'); the backbone's "
-            "config reads recurrent_eager by design: the recurrence's attention wraps the chosen one (eager or sdpa) to "
-            "add h_prev and the window cache, and the model's own config reads the plain name"
-        ),
-        "test_can_capture_specific_layers_hidden_states": (
-            "not implemented: output_hidden_states given as a list of layer indices (selective capture) is read as "
-            "True, so every layer's states come back; the states themselves are checked by the other hidden-state "
-            "tests"
-        ),
-        "test_correct_missing_keys": (
-            f"it saves the base model (the stock backbone, a {stock}) and loads it as the core without "
-            "recurrence settings; the default insertion_layer=2 (the paper's l_ins) is not a layer of the 2-layer tiny "
-            "backbone the harness requires, so the config is refused with that reason. Loading a stock checkpoint with "
-            "its settings loads every stock weight and reports only recurrence.* missing "
-            "(tests/models/recurrent_decoder/test_modeling_recurrent_decoder.py)"
-        ),
-        "test_reverse_loading_mapping": (
+        **recurrence_core_skips(
+            f"the stock backbone, a {stock}",
             "one class serves every backbone family, so its checkpoint renaming lists every family's stock prefixes "
             f"(model., transformer., lm_head.); a {model_type} backbone has no transformer.* weights, which the test "
-            "reads as an unused pattern"
+            "reads as an unused pattern",
         ),
-        "test_gradient_checkpointing_enable_disable": _CHECKPOINTING.format(
-            what="expects every module with a gradient_checkpointing flag to have it set"
-        ),
-        "test_peft_gradient_checkpointing_enable_disable": _CHECKPOINTING.format(
-            what="expects every module with a gradient_checkpointing flag to have it set"
-        ),
-        **{
-            f"test_training_gradient_checkpointing{suffix}": _CHECKPOINTING.format(
-                what="counts the recomputations of the first GradientCheckpointingLayer, a stock decoder layer"
-            )
-            for suffix in ("", "_use_reentrant_false", "_use_reentrant_true")
-        },
     }
 
 

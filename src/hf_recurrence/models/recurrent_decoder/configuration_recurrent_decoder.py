@@ -383,8 +383,17 @@ class NamedFamilyConfig(RecurrenceSettings):
             names = self.stock_config_class.__dataclass_fields__
             fields = {k: v for k, v in self.__dict__.items() if k in names and k != "model_type"}
             stock = self.stock_config_class(**fields)
+            # The attention asked for is the backbone's too, as a composite config's setter passes it to text_config.
+            stock._attn_implementation_internal = self._attn_implementation_internal
             self.__dict__[_STOCK_CONFIG_KEY] = stock
         return stock
+
+    def get_text_config(self, decoder=None, encoder=None) -> PreTrainedConfig:
+        """The config itself, as for its stock config: it is flat, its own fields are the text model's. `text_config`
+        is a copy made from them, which any change to the config replaces; a change made to that copy (transformers
+        makes them to `get_text_config()`: rope_parameters, vocab_size when resizing embeddings, ...) would be lost
+        at the next one and never saved."""
+        return self
 
     def __setattr__(self, key: str, value: Any) -> None:
         super().__setattr__(key, value)

@@ -1410,12 +1410,24 @@ class RecurrentDecoderPreTrainedModel(PreTrainedModel):
     recurrence_saved_in_base_model = False
     # Modules saved under another name than they have here (on disk -> in memory).
     saved_module_names: dict[str, str] = {}
+    # The renamings a model saves with when they cannot be read from its class's (`_keep_stock_layout`).
+    _stock_layout: list[WeightRenaming] | None = None
     base_model_prefix = "backbone"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _is_stateful = True
     # Buffers that old GPT-2 checkpoints still carry.
     _keys_to_ignore_on_load_unexpected = [r"\.attn\.masked_bias$", r"\.attn\.bias$"]
+
+    @classmethod
+    def is_custom_code(cls) -> bool:
+        # transformers takes code outside it for code that may not initialise through `transformers.initialization`
+        # (which leaves loaded tensors alone one by one), and when loading, skips every module whose own tensors are
+        # all loaded, vacuously so a module with none. Ours and the stock backbones' `_init_weights` use those
+        # functions only, and GPT-2's scaled init of `c_proj` is done at its attention and MLP modules, which hold
+        # no tensors of their own: with the shortcut, a model loaded with missing weights initialises them otherwise
+        # than one built from its config.
+        return False
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -1492,7 +1504,8 @@ class RecurrentDecoderPreTrainedModel(PreTrainedModel):
         # base-model prefix) would be saved again under the names in memory (`backbone.h.*`), a layout no class
         # writes and the other heads do not read: save it in the family's layout instead.
         if not model._weight_conversions:
-            model._weight_conversions = list(model._stock_layout)
+            # None: the class's registered renamings, which the causal LMs (no `_stock_layout`) save with.
+            model._weight_conversions = list(model._stock_layout) if model._stock_layout is not None else None
         return loaded
 
     def new_state(
@@ -2328,7 +2341,7 @@ class RecurrentLlamaState(RecurrentDecoderState):
     _family = "recurrent_llama"
 
 
-class RecurrentGPT2LMHeadModel(RecurrentDecoderForCausalLM):
+class RecurrentGPT2LMHeadModel(RecurrentDecoderForCausalLM, GenerationMixin):
     """[`RecurrentDecoderForCausalLM`] over GPT-2, under the name and in the checkpoint layout (a flat
     [`RecurrentGPT2Config`], the recurrence saved as `transformer.recurrence.*`) that recurrent GPT-2 checkpoints and
     state files have always had; any GPT-2 checkpoint converts with `from_pretrained(..., window_size=...)`."""
@@ -2344,7 +2357,7 @@ class RecurrentGPT2LMHeadModel(RecurrentDecoderForCausalLM):
         return self.backbone.transformer
 
 
-class RecurrentLlamaForCausalLM(RecurrentDecoderForCausalLM):
+class RecurrentLlamaForCausalLM(RecurrentDecoderForCausalLM, GenerationMixin):
     """[`RecurrentDecoderForCausalLM`] over Llama, under the name and in the checkpoint layout (a flat
     [`RecurrentLlamaConfig`], the recurrence saved as `model.recurrence.*`) that recurrent Llama checkpoints and
     state files have always had; any Llama checkpoint converts with `from_pretrained(..., window_size=...)`."""
