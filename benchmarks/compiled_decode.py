@@ -7,7 +7,7 @@ Run (GPT-2 small, 300-token windows; meant for a GPU):
 
     python benchmarks/compiled_decode.py --device cuda [--write-docs]
 
-A CPU run at a tiny shape (2 layers, 64 wide, vocabulary 512, 32-token windows; no run recorded yet):
+The recorded CPU run, at a tiny shape (2 layers, 64 wide, vocabulary 512, 32-token windows):
 
     python benchmarks/compiled_decode.py --threads 1 --n-layer 2 --n-embd 64 --n-head 2 --vocab-size 512 \
         --window-size 32 [--write-docs]
