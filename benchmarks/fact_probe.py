@@ -11,14 +11,20 @@ from dataclasses import asdict
 
 import _common as bench
 
-from hf_recurrence.book_reproduction import BookReproductionSettings, load_causal_lm, run_fact_probe
+from hf_recurrence.book_reproduction import (
+    BACKBONE_SETTINGS,
+    RECURRENCE_INITS,
+    BookReproductionSettings,
+    load_causal_lm,
+    run_fact_probe,
+)
 from hf_recurrence.data import austen_split, token_stream
 
 
 def main() -> None:
     # The arms' quality is what is measured: float32 (the Trainer's) on CUDA too.
     parser = bench.benchmark_parser(__doc__, __file__, cuda_dtype="float32", seed=False)
-    parser.add_argument("--backbones", nargs="+", default=["frozen", "lora"], choices=["frozen", "lora", "full"])
+    parser.add_argument("--backbones", nargs="+", default=["frozen", "lora"], choices=BACKBONE_SETTINGS)
     parser.add_argument("--max-steps", type=int, default=100, help="optimizer steps per arm")
     parser.add_argument("--batch-size", type=int, default=4, help="probe examples per step")
     parser.add_argument("--window-size", type=int, default=128)
@@ -27,6 +33,9 @@ def main() -> None:
         "--model-name-or-path", default=None, help="a causal LM folder, .gguf, smollm2-135m or gemma3-270m"
     )
     parser.add_argument("--bf16", action="store_true", help="train under bfloat16 autocast")
+    parser.add_argument(
+        "--recurrence-init", default="model", choices=RECURRENCE_INITS, help="how the recurrence FFN starts"
+    )
     args = parser.parse_args()
     bench.setup(0, args.threads)
     device, dtype = bench.trainer_device(args, "the arms are trained by the Trainer, on its device in float32")
@@ -45,6 +54,7 @@ def main() -> None:
             batch_size=args.batch_size,
             backbone=backbone,
             bf16=args.bf16,
+            recurrence_init=args.recurrence_init,
             eval_split="validation",
         )
         result = run_fact_probe(llama, tokenizer, train_stream, validation_stream, settings, args.held_out)
