@@ -3,7 +3,7 @@
 Runs the SmolLM2-135M / Jane Austen reproduction (baseline, recurrent and control arms; or the flags given after
 `--`), then records its table, the bootstrap intervals, the issue's three goals checked on them, the NLL by window
 position and the training budget and time (benchmarks/results/reproduce_smollm2.json), and with `--write-docs` copies
-both plots into docs/. `--results-dir DIR` records a finished run instead.
+both plots into docs/images, named after the result file. `--results-dir DIR` records a finished run instead.
 
     python benchmarks/reproduce_smollm2.py --write-docs [-- extra reproduce flags]
 """
@@ -17,10 +17,7 @@ from hf_recurrence.cli import main as cli_main
 from hf_recurrence.reproduction import findings
 
 
-IMAGES = {
-    "perplexity_vs_flops.png": bench.REPO_ROOT / "docs" / "images" / "smollm2_perplexity_vs_flops.png",
-    "nll_by_window_position.png": bench.REPO_ROOT / "docs" / "images" / "smollm2_nll_by_window_position.png",
-}
+PLOTS = ("perplexity_vs_flops.png", "nll_by_window_position.png")
 # Window positions whose mean NLL the section lists (the rest are in the plot and results.json).
 POSITIONS = (0, 1, 2, 4, 8, 16, 32, 64)
 
@@ -39,7 +36,7 @@ def main() -> None:
         if cli_main([*command, "--output_dir", str(results_dir)]) != 0:
             raise SystemExit(2)  # the command printed why
 
-    report, machine = bench.run_or_render(args, run, IMAGES)
+    report, machine = bench.run_or_render(args, run, docs_images(args.output_json))
     comparisons = report["comparisons"]
     checked = goals(comparisons, report.get("carried_gain_lost_when_shuffled")) + findings(report["rows"])
     text = {
@@ -55,6 +52,13 @@ def main() -> None:
     }
     rendered = args.results_dir is not None
     bench.write_results(args, machine, tables, report, text, rendered_from_results_dir=rendered)
+
+
+def docs_images(output_json: Path) -> dict[str, Path]:
+    """Where `--write-docs` copies the run's plots: named after its result file (reproduce_smollm2.json ->
+    docs/images/smollm2_*.png), so that every recorded run keeps its own."""
+    prefix = output_json.stem.removeprefix("reproduce_")
+    return {plot: bench.REPO_ROOT / "docs" / "images" / f"{prefix}_{plot}" for plot in PLOTS}
 
 
 def position_table(by_position: dict[str, list[float | None]]) -> dict:

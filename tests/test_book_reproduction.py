@@ -465,3 +465,23 @@ def test_fact_probe_run_reports_the_stock_reader_the_recurrent_arm_and_the_swap_
         assert math.isfinite(result[reader]["name_nll"]) and 0 <= result[reader]["recalled"] <= 1
     # The swap control reads other examples' summaries: its scores differ from the recurrent arm's own.
     assert result["swapped"]["name_nll"] != result["recurrent"]["name_nll"]
+
+
+def _comparison(relative_difference: float, low: float, high: float) -> dict:
+    return {"relative_difference": relative_difference, "low": low, "high": high}
+
+
+@pytest.mark.parametrize(
+    "carried, lost_fraction, verdict",
+    [
+        (_comparison(-0.05, -0.07, -0.03), 0.9, "met (90% lost)"),
+        (_comparison(-0.05, -0.07, -0.03), 0.5, "not met (50% lost)"),
+        # A carried-context "gain" whose interval holds 0: whatever fraction shuffling loses of it means nothing.
+        (_comparison(-0.0004, -0.0031, 0.0021), 1.16, "not met: no carried-context gain to lose"),
+        (_comparison(0.003, 0.001, 0.004), 1.0, "not met: no carried-context gain to lose"),
+    ],
+)
+def test_specificity_goal_is_met_only_for_a_carried_context_gain(carried, lost_fraction, verdict):
+    lines = book_reproduction.goals({"recurrent vs control": carried}, lost_fraction)
+    (specificity,) = [line for line in lines if line.startswith("goal specificity")]
+    assert specificity.split(": ", 1)[1].startswith(verdict)

@@ -514,10 +514,12 @@ def goals(comparisons: dict[str, dict], lost_fraction: float | None) -> list[str
             f"({100 * versus_overlap['relative_difference']:+.2f}%)"
         )
     if lost_fraction is not None:
-        lines.append(
-            f"goal specificity, another document's h_prev loses at least two thirds of the carried-context gain: "
-            f"{'met' if lost_fraction >= 2 / 3 else 'not met'} ({100 * lost_fraction:.0f}% lost)"
-        )
+        line = "goal specificity, another document's h_prev loses at least two thirds of the carried-context gain: "
+        if carried["high"] < 0:
+            line += f"{'met' if lost_fraction >= 2 / 3 else 'not met'} ({100 * lost_fraction:.0f}% lost)"
+        else:  # a fraction of a difference indistinguishable from 0 (or a loss) says nothing about specificity
+            line += "not met: no carried-context gain to lose (the recurrent vs control interval does not exclude 0)"
+        lines.append(line)
     return lines
 
 
