@@ -15,8 +15,7 @@ given explicitly overrides the preset.
 (`hf_recurrence.book_reproduction`): SmolLM2-135M or Gemma 3 270M base (or any stock causal LM given with
 --model_name_or_path) on Jane Austen's novels, its backbone frozen or adapted (LoRA, full) alike in every arm, with
 the baseline, recurrent, control and shuffled arms, reference rows, bootstrap intervals and the NLL by window
-position. They take the options marked "(smollm2)" below and the shared training
-options.
+position. They take the options marked "(smollm2)" below and the shared training options.
 """
 
 import argparse
