@@ -190,30 +190,27 @@ class BookReproductionSettings:
             "eval_passages_per_book",
             "segment_tokens",
             "num_resamples",
+            "lora_rank",
+            "lora_alpha",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"{name} must be a positive integer, got {name}={value!r}")
+        for name, choices in (
+            ("backbone", BACKBONE_SETTINGS),
+            ("recurrence_init", RECURRENCE_INITS),
+            ("eval_split", BOOK_SPLITS),
+        ):
+            if getattr(self, name) not in choices:
+                raise UsageError(f"{name} must be one of {choices}, got {name}={getattr(self, name)!r}")
         if self.window_size < 2:
             raise UsageError(f"window_size must be at least 2, got window_size={self.window_size}")
-        if self.backbone not in BACKBONE_SETTINGS:
-            raise UsageError(f"backbone must be one of {BACKBONE_SETTINGS}, got backbone={self.backbone!r}")
         for name in ("learning_rate", "backbone_learning_rate"):
             if not getattr(self, name) > 0:
                 raise UsageError(f"{name} must be positive, got {name}={getattr(self, name)!r}")
-        for name in ("lora_rank", "lora_alpha"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UsageError(f"{name} must be a positive integer, got {name}={value!r}")
         # Which names exist depends on the model's family: checked against it once it is loaded (`lora_targets`).
         if self.lora_target_modules is not None and not self.lora_target_modules:
             raise UsageError("lora_target_modules must name at least one linear layer, or be left unset")
-        if self.recurrence_init not in RECURRENCE_INITS:
-            raise UsageError(
-                f"recurrence_init must be one of {RECURRENCE_INITS}, got recurrence_init={self.recurrence_init!r}"
-            )
-        if self.eval_split not in BOOK_SPLITS:
-            raise UsageError(f"eval_split must be one of {BOOK_SPLITS}, got eval_split={self.eval_split!r}")
         if self.eval_tokens_per_book is not None and self.eval_tokens_per_book < self.window_size + 1:
             raise UsageError(
                 f"eval_tokens_per_book must be more than one window (window_size={self.window_size}) or unset, got "
