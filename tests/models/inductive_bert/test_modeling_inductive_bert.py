@@ -131,6 +131,29 @@ def test_padding_in_the_middle_and_all_padding_rows():
     assert torch.isfinite(batched).all()
 
 
+class MaskedLMLogits(nn.Module):
+    """The head as a tracer takes it: tensors in, logits out."""
+
+    def __init__(self, model: IBertForMaskedLM):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(input_ids, attention_mask=attention_mask).logits
+
+
+def test_tracing_with_an_attention_mask_is_refused_and_without_one_matches_eager():
+    model = MaskedLMLogits(IBertForMaskedLM(tiny_inductive_bert_config()).eval())
+    ids, mask = padded_batch([torch.randint(1, 99, (n,)) for n in (6, 3)], left=[False, True])
+    with torch.no_grad(), pytest.raises(RuntimeError, match="cannot be exported or traced with an attention_mask"):
+        torch.jit.trace(model, (ids, mask))
+    # The packing plan is the only value-dependent step: a trace of unpadded input holds for other ids.
+    with torch.no_grad():
+        traced = torch.jit.trace(model, (torch.randint(1, 99, (2, 6)),))
+        other = torch.randint(1, 99, (2, 6))
+        torch.testing.assert_close(traced(other), model(other))
+
+
 @pytest.mark.parametrize(
     ("model_class", "shape"),
     [

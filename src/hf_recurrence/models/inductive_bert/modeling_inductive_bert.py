@@ -45,6 +45,15 @@ def bidirectional_lstm(lstm: nn.LSTM, hidden_states: torch.Tensor, padding_mask:
     """
     if padding_mask is None:
         return lstm(hidden_states)[0]
+    if torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        # Whether and how to pack is decided from the mask's values in Python: a trace would keep the example's
+        # decision and be silently wrong for other padding.
+        raise RuntimeError(
+            "I-BERT's LSTM cannot be exported or traced with an attention_mask (torch.export, torch.onnx.export, "
+            "torch.jit.trace): it packs each row to its real tokens from the mask's values, so a graph would hold "
+            "one input's padding. Export without attention_mask (unpadded inputs), or run eagerly or under "
+            "torch.compile"
+        )
     real = padding_mask.bool()  # (batch, seq)
     if bool(real.all()):
         return lstm(hidden_states)[0]
