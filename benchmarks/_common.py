@@ -258,13 +258,14 @@ def in_child(spec: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_or_render_arguments(doc: str, script: str, threads: int, runs: str) -> argparse.Namespace:
-    """Arguments of a benchmark that runs a long job (or renders a finished one) and records it."""
+def run_or_render_parser(doc: str, script: str, threads: int, runs: str) -> argparse.ArgumentParser:
+    """The arguments of a benchmark that runs a long job (or renders a finished one) and records it; the script adds
+    its own before parsing."""
     # The job's quality is what is recorded: float32 unless asked otherwise, on CUDA too.
     parser = benchmark_parser(doc, script, threads=threads, cuda_dtype="float32", seed=False)
     parser.add_argument("--results-dir", type=Path, help="render this finished run instead of running one")
     parser.add_argument("extra", nargs="*", help=f"flags passed on to {runs} after `--`")
-    return parser.parse_args()
+    return parser
 
 
 def run_or_render(args: argparse.Namespace, run: Callable[[Path], None], images: dict[str, Path]) -> tuple[dict, dict]:

@@ -67,7 +67,7 @@ def results_table(report: dict) -> dict:
 
 
 def main() -> None:
-    args = bench.run_or_render_arguments(__doc__, __file__, threads=1, runs="the example script")
+    args = bench.run_or_render_parser(__doc__, __file__, threads=1, runs="the example script").parse_args()
     bench.setup(0, args.threads)
     extra = [*trainer_flags(*bench.device_and_dtype(args)), *args.extra]
     report, machine = bench.run_or_render(

@@ -19,7 +19,7 @@ IMAGE = bench.REPO_ROOT / "docs" / "images" / "reproduce_perplexity_vs_flops.png
 
 
 def main() -> None:
-    args = bench.run_or_render_arguments(__doc__, __file__, threads=2, runs="`hf-recurrence reproduce`")
+    args = bench.run_or_render_parser(__doc__, __file__, threads=2, runs="`hf-recurrence reproduce`").parse_args()
     bench.setup(0, args.threads)
     if args.results_dir is None:
         bench.trainer_device(args, "`hf-recurrence reproduce` picks its device and dtype itself")

@@ -6,6 +6,7 @@ import inspect
 import json
 import math
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -22,8 +23,11 @@ from hf_recurrence.data import books_cache_dir
 from hf_recurrence.evaluation import WindowPrefixed, windowed_perplexity
 from hf_recurrence.outputs import UsageError
 
-from .common import TINY_BACKBONE, TINY_LLAMA, stdlib_tokenizer
+from .common import REPO_ROOT, TINY_BACKBONE, TINY_LLAMA, stdlib_tokenizer
 from .families import BACKBONES
+
+
+BENCHMARKS = REPO_ROOT / "benchmarks"
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +136,18 @@ def test_gemma3_preset_runs_every_arm_on_a_gemma3_text_model(books_available, ti
     assert (out / "perplexity_vs_flops.png").stat().st_size > 0
     recurrent = load_file(out / "recurrence_recurrent.safetensors")
     assert not torch.equal(recurrent["layer_weight_logits"], torch.zeros(3))
+
+    # The finished run recorded as docs/benchmarks.md records one: its command names the preset that ran.
+    recorded = tmp_path / "reproduce_gemma3_tiny.json"
+    render = subprocess.run([sys.executable, str(BENCHMARKS / "reproduce_books.py"), "--preset", "gemma3",
+                             "--results-dir", str(out), "--output-json", str(recorded), "--", "--max_steps", "2"],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert render.returncode == 0, render.stderr[-2000:]
+    result = json.loads(recorded.read_text())
+    assert result["text"]["run"][0].startswith("`hf-recurrence reproduce --preset gemma3 --max_steps 2` — ")
+    assert result["settings"]["preset"] == "gemma3"
+    assert [row[0] for row in result["tables"]["perplexity"]["rows"]][:1] == ["baseline"]
+    assert result["text"]["goals"][0].startswith("- goal carried context")
 
 
 def test_a_family_without_a_flops_count_runs_with_the_count_left_out(books_available, tmp_path):

@@ -1,11 +1,13 @@
-"""The recurrence claim on a real pretrained Llama in docs/benchmarks.md: `hf-recurrence reproduce --preset smollm2`.
+"""The recurrence claim on a real pretrained decoder in docs/benchmarks.md: `hf-recurrence reproduce --preset smollm2`
+(SmolLM2-135M-Instruct) or `--preset gemma3` (Gemma 3 270M base), on Jane Austen's novels.
 
-Runs the SmolLM2-135M / Jane Austen reproduction (baseline, recurrent and control arms; or the flags given after
+Runs the book reproduction of `--preset` (baseline, recurrent, control and shuffled arms, with the flags given after
 `--`), then records its table, the bootstrap intervals, the issue's three goals checked on them, the NLL by window
-position and the training budget and time (benchmarks/results/reproduce_smollm2.json), and with `--write-docs` copies
-both plots into docs/images, named after the result file. `--results-dir DIR` records a finished run instead.
+position and the training budget and time (`--output-json`), and with `--write-docs` copies both plots into
+docs/images, named after the result file. `--results-dir DIR` records a finished run instead: give it the `--preset`
+and the flags that run was started with, so that the recorded command is the one that ran.
 
-    python benchmarks/reproduce_smollm2.py --write-docs [-- extra reproduce flags]
+    python benchmarks/reproduce_books.py --preset gemma3 --write-docs [-- extra reproduce flags]
 """
 
 from pathlib import Path
@@ -14,6 +16,7 @@ import _common as bench
 
 from hf_recurrence.book_reproduction import describe, goals
 from hf_recurrence.cli import main as cli_main
+from hf_recurrence.commands.reproduce import BOOK_PRESETS
 from hf_recurrence.reproduction import findings
 
 
@@ -23,14 +26,16 @@ POSITIONS = (0, 1, 2, 4, 8, 16, 32, 64)
 
 
 def main() -> None:
-    args = bench.run_or_render_arguments(__doc__, __file__, threads=2, runs="`hf-recurrence reproduce`")
+    parser = bench.run_or_render_parser(__doc__, __file__, threads=2, runs="`hf-recurrence reproduce`")
+    parser.add_argument("--preset", choices=sorted(BOOK_PRESETS), default="smollm2", help="the book preset to run")
+    args = parser.parse_args()
     bench.setup(0, args.threads)
     if args.results_dir is None:
         bench.trainer_device(
             args,
-            "`hf-recurrence reproduce --preset smollm2` picks its device and dtype itself",
+            f"`hf-recurrence reproduce --preset {args.preset}` picks its device and dtype itself",
         )
-    command = ["reproduce", "--preset", "smollm2", *args.extra]
+    command = ["reproduce", "--preset", args.preset, *args.extra]
 
     def run(results_dir: Path) -> None:
         if cli_main([*command, "--output_dir", str(results_dir)]) != 0:
@@ -55,8 +60,8 @@ def main() -> None:
 
 
 def docs_images(output_json: Path) -> dict[str, Path]:
-    """Where `--write-docs` copies the run's plots: named after its result file (reproduce_smollm2.json ->
-    docs/images/smollm2_*.png), so that every recorded run keeps its own."""
+    """Where `--write-docs` copies the run's plots: named after its result file (reproduce_gemma3_lora_test.json ->
+    docs/images/gemma3_lora_test_*.png), so that every recorded run keeps its own."""
     prefix = output_json.stem.removeprefix("reproduce_")
     return {plot: bench.REPO_ROOT / "docs" / "images" / f"{prefix}_{plot}" for plot in PLOTS}
 
