@@ -2,6 +2,7 @@
 books, run end to end on a tiny Llama and a tiny Gemma 3 text decoder (the real SmolLM2 run is recorded in
 docs/benchmarks.md; no Gemma run is recorded yet)."""
 
+import copy
 import inspect
 import json
 import math
@@ -422,6 +423,25 @@ def test_bf16_training_runs_on_cpu_and_leaves_float32_weights():
     model, loss, _ = book_reproduction.train_arm(_tiny_llama(), "window", STREAM, _settings(bf16=True))
     assert math.isfinite(loss)
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_the_prompt_reference_reads_the_bos_like_token_first():
+    tokenizer = copy.deepcopy(stdlib_tokenizer())  # its special tokens are changed below
+    settings = BookReproductionSettings(reference_prompt="def f(x):")
+    prompt = tokenizer("def f(x):", add_special_tokens=False)["input_ids"]
+    # Neither BOS nor EOS: the prompt alone, and no BOS row.
+    tokenizer.bos_token = tokenizer.eos_token = None
+    assert book_reproduction.reference_prefixes(tokenizer, settings) == {"stock+prompt": prompt}
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(7)
+    assert book_reproduction.reference_prefixes(tokenizer, settings) == {
+        "stock+bos": [7],
+        "stock+prompt": [7, *prompt],
+    }
+    tokenizer.bos_token = tokenizer.convert_ids_to_tokens(5)
+    assert book_reproduction.reference_prefixes(tokenizer, settings) == {
+        "stock+bos": [5],
+        "stock+prompt": [5, *prompt],
+    }
 
 
 def test_window_prefix_reads_the_prefix_before_every_window_and_scores_the_window_only():
