@@ -515,9 +515,12 @@ def goals(comparisons: dict[str, dict], lost_fraction: float | None) -> list[str
         )
     if lost_fraction is not None:
         line = "goal specificity, another document's h_prev loses at least two thirds of the carried-context gain: "
+        # A fraction of a difference indistinguishable from 0, or of a loss, says nothing about specificity.
         if carried["high"] < 0:
             line += f"{'met' if lost_fraction >= 2 / 3 else 'not met'} ({100 * lost_fraction:.0f}% lost)"
-        else:  # a fraction of a difference indistinguishable from 0 (or a loss) says nothing about specificity
+        elif carried["low"] > 0:
+            line += "not met: no carried-context gain to lose (the recurrent arm is worse than the control, interval excluding 0)"
+        else:
             line += "not met: no carried-context gain to lose (the recurrent vs control interval does not exclude 0)"
         lines.append(line)
     return lines
