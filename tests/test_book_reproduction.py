@@ -2,7 +2,6 @@
 books, run end to end on a tiny Llama and a tiny Gemma 3 text decoder (the real SmolLM2 run is recorded in
 docs/benchmarks.md; no Gemma run is recorded yet)."""
 
-import copy
 import inspect
 import json
 import math
@@ -425,23 +424,28 @@ def test_bf16_training_runs_on_cpu_and_leaves_float32_weights():
     assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
-def test_the_prompt_reference_reads_the_bos_like_token_first():
-    tokenizer = copy.deepcopy(stdlib_tokenizer())  # its special tokens are changed below
-    settings = BookReproductionSettings(reference_prompt="def f(x):")
-    prompt = tokenizer("def f(x):", add_special_tokens=False)["input_ids"]
-    # Neither BOS nor EOS: the prompt alone, and no BOS row.
-    tokenizer.bos_token = tokenizer.eos_token = None
-    assert book_reproduction.reference_prefixes(tokenizer, settings) == {"stock+prompt": prompt}
-    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(7)
-    assert book_reproduction.reference_prefixes(tokenizer, settings) == {
-        "stock+bos": [7],
-        "stock+prompt": [7, *prompt],
-    }
-    tokenizer.bos_token = tokenizer.convert_ids_to_tokens(5)
-    assert book_reproduction.reference_prefixes(tokenizer, settings) == {
-        "stock+bos": [5],
-        "stock+prompt": [5, *prompt],
-    }
+class PromptTokenizer:
+    """Encodes any text as [10, 11, 12], with `lead` before and `tail` after it when special tokens are added."""
+
+    def __init__(self, bos: int | None, eos: int | None, lead: list[int], tail: list[int]):
+        self.bos_token_id, self.eos_token_id, self.lead, self.tail = bos, eos, lead, tail
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        return {"input_ids": [*self.lead, 10, 11, 12, *self.tail] if add_special_tokens else [10, 11, 12]}
+
+
+@pytest.mark.parametrize(
+    "bos, eos, lead, tail, expected",
+    [
+        (5, 6, [5], [], {"stock+bos": [5], "stock+prompt": [5, 10, 11, 12]}),  # Gemma: <bos> begins every text
+        (5, 6, [], [], {"stock+bos": [5], "stock+prompt": [10, 11, 12]}),  # SmolLM2: nothing added
+        (None, 6, [], [6], {"stock+bos": [6], "stock+prompt": [10, 11, 12]}),  # an EOS after the text is not read
+        (None, None, [], [], {"stock+prompt": [10, 11, 12]}),
+    ],
+)
+def test_the_prompt_reference_reads_the_prompt_as_its_tokenizer_begins_a_text(bos, eos, lead, tail, expected):
+    tokenizer = PromptTokenizer(bos, eos, lead, tail)
+    assert book_reproduction.reference_prefixes(tokenizer, BookReproductionSettings()) == expected
 
 
 def test_window_prefix_reads_the_prefix_before_every_window_and_scores_the_window_only():

@@ -141,8 +141,8 @@ class BookReproductionSettings:
     reference_prompt: str = field(
         default=REFERENCE_PROMPT,
         metadata={
-            "help": "Prose the reference row's stock model reads before every window, after the tokenizer's BOS token "
-            "(else its EOS token), which the other reference row reads alone."
+            "help": "Prose the reference row's stock model reads before every window, encoded as the tokenizer begins "
+            "a text (the other reference row reads the tokenizer's BOS token, else its EOS token)."
         },
     )
     bf16: bool = field(
@@ -411,14 +411,16 @@ def fan_in_init_(recurrence: nn.Module) -> None:
 
 
 def reference_prefixes(tokenizer: PreTrainedTokenizerBase, settings: BookReproductionSettings) -> dict[str, list[int]]:
-    """The no-training reference rows' prefixes: one BOS-like token, and that token followed by
-    `settings.reference_prompt`."""
+    """The no-training reference rows' prefixes: one BOS-like token, and `settings.reference_prompt` as the tokenizer
+    begins a text (after the special tokens it puts first, such as Gemma's `<bos>`; none for SmolLM2)."""
     special = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    # A prompt read without the token its model was trained to start text with is no fair reference: Gemma 3 base,
-    # given the bare prompt, read the test books' windows at perplexity 221, against 53 after its BOS alone.
-    start = [] if special is None else [special]
-    prompt = tokenizer(settings.reference_prompt, add_special_tokens=False)["input_ids"]
-    prefixes = {"stock+bos": start, "stock+prompt": start + prompt}
+    bare = tokenizer(settings.reference_prompt, add_special_tokens=False)["input_ids"]
+    encoded = tokenizer(settings.reference_prompt)["input_ids"]
+    # A prompt read without the token its model always starts text with is no fair reference: Gemma 3 base, given
+    # the bare prompt, read the test books' windows at perplexity 221, against 53 after its BOS alone. Special
+    # tokens a tokenizer puts after a text (an EOS) are left out: a window follows the prompt.
+    lead = next((encoded[:i] for i in range(len(encoded) - len(bare) + 1) if encoded[i : i + len(bare)] == bare), [])
+    prefixes = {"stock+bos": [] if special is None else [special], "stock+prompt": lead + bare}
     return {name: ids for name, ids in prefixes.items() if ids}
 
 
