@@ -1,6 +1,6 @@
 """`hf-recurrence reproduce --preset smollm2` / `--preset gemma3`: the baseline / recurrent / control arms on the Austen
 books, run end to end on a tiny Llama and a tiny Gemma 3 text decoder (the real SmolLM2 run is recorded in
-docs/benchmarks.md; no Gemma run is recorded yet)."""
+docs/benchmarks.md, as is the real Gemma run)."""
 
 import inspect
 import json

