@@ -32,6 +32,7 @@ FAMILIES = {
     "I-BERT": "inductive_bert_spec",
     "core over Llama": "recurrent_decoder_spec",
     "core over Qwen3": "recurrent_decoder_qwen3_spec",
+    "core over GPT-2": "recurrent_decoder_gpt2_spec",
 }
 # Worse outcomes win when a test appears more than once (subtests add rows).
 RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}

@@ -1,9 +1,11 @@
 """transformers' common tests on the recurrence core, `RecurrentDecoderForCausalLM`, over a stock Llama backbone (GQA;
 sizes as transformers' CausalLMModelTester; 4-token windows so that the 7-token inputs cross a window boundary).
 
-`backbone_spec` builds the same spec over another stock backbone (`recurrent_decoder_qwen3_spec.py`).
+`backbone_spec` builds the same spec over another stock backbone (`recurrent_decoder_qwen3_spec.py`,
+`recurrent_decoder_gpt2_spec.py`).
 """
 
+import transformers
 from spec_builder import CAUSAL_LM_SIZES, SPECIAL_TOKENS, WINDOW, causal_spec, recurrence_core_skips
 from stateful_checks import retain_grad_skip
 from transformers import AutoConfig
@@ -14,6 +16,7 @@ from hf_recurrence import RecurrentDecoderConfig, RecurrentDecoderForCausalLM, R
 
 def _skips(model_type: str) -> dict[str, str]:
     stock = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
+    prefix = getattr(transformers, stock).base_model_prefix  # model (Llama, Qwen3) or transformer (GPT-2)
     return {
         "test_retain_grad_hidden_states_attentions": retain_grad_skip("window", "tests/test_backbones.py"),
         "test_attention_outputs": (
@@ -26,8 +29,8 @@ def _skips(model_type: str) -> dict[str, str]:
         **recurrence_core_skips(
             f"the stock backbone, a {stock}",
             "one class serves every backbone family, so its checkpoint renaming lists every family's stock prefixes "
-            f"(model., transformer., lm_head.); a {model_type} backbone has no transformer.* weights, which the test "
-            "reads as an unused pattern",
+            f"(model., transformer., lm_head.); a {model_type} backbone's weights sit under {prefix}. only, and the "
+            "test reads the other family's prefix as an unused pattern",
         ),
     }
 
