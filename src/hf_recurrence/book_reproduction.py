@@ -414,14 +414,19 @@ def reference_prefixes(tokenizer: PreTrainedTokenizerBase, settings: BookReprodu
     """The no-training reference rows' prefixes: one BOS-like token, and `settings.reference_prompt` as the tokenizer
     begins a text (after the special tokens it puts first, such as Gemma's `<bos>`; none for SmolLM2)."""
     special = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    bare = tokenizer(settings.reference_prompt, add_special_tokens=False)["input_ids"]
-    encoded = tokenizer(settings.reference_prompt)["input_ids"]
     # A prompt read without the token its model always starts text with is no fair reference: Gemma 3 base, given
-    # the bare prompt, read the test books' windows at perplexity 221, against 53 after its BOS alone. Special
-    # tokens a tokenizer puts after a text (an EOS) are left out: a window follows the prompt.
-    lead = next((encoded[:i] for i in range(len(encoded) - len(bare) + 1) if encoded[i : i + len(bare)] == bare), [])
-    prefixes = {"stock+bos": [] if special is None else [special], "stock+prompt": lead + bare}
+    # the bare prompt, read the test books' windows at perplexity 221, against 53 after its BOS alone.
+    prompt = text_start_tokens(tokenizer) + tokenizer(settings.reference_prompt, add_special_tokens=False)["input_ids"]
+    prefixes = {"stock+bos": [] if special is None else [special], "stock+prompt": prompt}
     return {name: ids for name, ids in prefixes.items() if ids}
+
+
+def text_start_tokens(tokenizer: PreTrainedTokenizerBase, text: str = "text") -> list[int]:
+    """The special tokens the tokenizer puts before a text (Gemma's `<bos>`; none for SmolLM2). Those it puts after
+    one (an EOS) are not among them."""
+    bare = tokenizer(text, add_special_tokens=False)["input_ids"]
+    encoded = tokenizer(text)["input_ids"]
+    return next((encoded[:i] for i in range(len(encoded) - len(bare) + 1) if encoded[i : i + len(bare)] == bare), [])
 
 
 @contextmanager
@@ -565,6 +570,14 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
         f"{settings.batch_size} blocks x {block_tokens} tokens = {train_tokens:,} tokens. Held-out: "
         + ", ".join(f"{r['title']} ({r['tokens_read']:,} of {r['book_tokens']:,} tokens)" for r in read)
     )
+    start_tokens = text_start_tokens(tokenizer)
+    if start_tokens:
+        # The paper's windows are bare text; a model trained always to see its start token reads them far worse
+        # (stock Gemma 3 base on the validation book: perplexity 260 bare, 36 after <bos>: docs/benchmarks.md).
+        print(
+            f"Note: this tokenizer begins every text with {tokenizer.convert_ids_to_tokens(start_tokens)}, and every arm reads "
+            "windows without it, so each arm's training must first teach the model to read a bare window"
+        )
 
     rows, token_nll, extra = [], {}, {"held_out": read, "train_tokens_per_arm": train_tokens, "device": device}
 
