@@ -18,9 +18,9 @@ from hf_recurrence import book_reproduction
 from hf_recurrence.book_reproduction import BookReproductionSettings
 from hf_recurrence.cli import main
 from hf_recurrence.commands.reproduce import BOOK_PRESETS
+from hf_recurrence.data import WindowedBlocksCollator, books_cache_dir
 from hf_recurrence.data import books as books_module
-from hf_recurrence.data import books_cache_dir
-from hf_recurrence.evaluation import WindowPrefixed, windowed_perplexity
+from hf_recurrence.evaluation import WindowPrefixed, flops_per_token, windowed_perplexity
 from hf_recurrence.outputs import UsageError
 
 from .common import REPO_ROOT, TINY_BACKBONE, TINY_LLAMA, stdlib_tokenizer
@@ -533,3 +533,93 @@ def test_specificity_goal_is_met_only_for_a_carried_context_gain(carried, lost_f
     lines = book_reproduction.goals({"recurrent vs control": carried}, lost_fraction)
     (specificity,) = [line for line in lines if line.startswith("goal specificity")]
     assert specificity.split(": ", 1)[1].startswith(verdict)
+
+
+def _trained_looking_recurrent_arm(window_size: int) -> PreTrainedModel:
+    model = book_reproduction.recurrent_arm(_tiny_llama(), window_size=window_size, insertion_layer=1)
+    with torch.no_grad():
+        for parameter in model.recurrence.parameters():  # an untrained FFN starts near zero: make it matter
+            parameter.normal_()
+    return model.eval()
+
+
+@pytest.mark.parametrize("num_tokens", [33, 8 * 70])  # one call; several chunks of columns (560 tokens, 630 columns)
+def test_a_recurrent_arm_reads_with_window_starts_what_it_trains_on(num_tokens):
+    # Start ids 5, 6 before every window of 8 text tokens: the model's windows are 10 positions long.
+    model = _trained_looking_recurrent_arm(10)
+    document = torch.randint(7, 99, (num_tokens,), generator=torch.Generator().manual_seed(6))
+    result = book_reproduction.read_recurrent_with_window_starts(model, [document], 8, [5, 6], show_progress=False)
+    # The training collator's block (the same text, one row) and the model's own loss over it.
+    padded = torch.nn.functional.pad(document, (0, -num_tokens % 8))
+    collate = WindowedBlocksCollator(8, window_start_ids=(5, 6), independent_windows=False)
+    batch = collate(
+        [{"input_ids": padded, "labels": padded.masked_fill(torch.arange(len(padded)) >= num_tokens, -100)}]
+    )
+    ids, labels = batch["input_ids"][:, : -(-num_tokens // 8) * 10], batch["labels"][:, : -(-num_tokens // 8) * 10]
+    with torch.no_grad():
+        loss = model(input_ids=ids, labels=labels).loss
+    assert result.num_tokens == num_tokens - 1 and (result.window_size, result.overlap) == (8, 0)
+    torch.testing.assert_close(torch.tensor(result.nll), loss, rtol=1e-5, atol=1e-6)
+    assert result.token_nll[0].window_position[:10].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 0, 1]
+    # The first window has no h_prev: the stock model reading the start ids, then the window.
+    with torch.no_grad():
+        stock = _tiny_llama()(torch.cat([torch.tensor([5, 6]), document[:8]])[None]).logits[0, 2:-1]
+    expected = torch.nn.functional.cross_entropy(stock, document[1:8], reduction="none")
+    torch.testing.assert_close(result.token_nll[0].nll[:7], expected, rtol=1e-5, atol=1e-6)
+    assert result.flops_per_token == flops_per_token(model.config, 10, 2)
+    with pytest.raises(ValueError, match="needs a recurrent model with window_size=9 and window_overlap=0, got 10"):
+        book_reproduction.read_recurrent_with_window_starts(model, [document], 8, [5], show_progress=False)
+
+
+def test_a_stock_arm_reads_the_window_starts_before_every_window_and_counts_their_flops():
+    llama = _tiny_llama()
+    documents = [torch.randint(7, 99, (30,), generator=torch.Generator().manual_seed(7))]
+    started = book_reproduction.read_windows(llama, documents, 8, 1, [5])
+    prefixed = windowed_perplexity(WindowPrefixed(llama, [5]), documents, 8, 1, show_progress=False)
+    assert started.nll == prefixed.nll and started.token_nll is not None
+    assert started.flops_per_token == flops_per_token(llama.config, 9, 2)
+    assert book_reproduction.read_windows(llama, documents, 8, 1, []).nll != started.nll
+
+
+@pytest.mark.parametrize("window_start, lead", [("bare", [5]), ("text_start", [5]), ("text_start", [5, 9])])
+def test_window_start_ids_are_the_tokenizers_text_start_or_nothing(window_start, lead):
+    settings = BookReproductionSettings(window_start=window_start)
+    expected = lead if window_start == "text_start" else []
+    assert book_reproduction.window_start_ids(settings, PromptTokenizer(5, 6, lead, [])) == expected
+    if window_start == "text_start":
+        with pytest.raises(UsageError, match="puts none: use window_start='bare'"):
+            book_reproduction.window_start_ids(settings, PromptTokenizer(5, 6, [], []))
+
+
+def test_every_window_of_every_arm_begins_with_the_text_start_end_to_end(
+    books_available, tiny_llama_folder, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(book_reproduction, "text_start_tokens", lambda tokenizer, text="text": [0])
+    read: dict[str, list[torch.Tensor]] = {}
+    real_train_arm = book_reproduction.train_arm
+
+    def recording_train_arm(stock, recurrence_input, data, settings, window_start_ids=(), **overrides):
+        model, loss, minutes = real_train_arm(stock, recurrence_input, data, settings, window_start_ids, **overrides)
+        reads = read.setdefault(str(recurrence_input), [])
+        model.register_forward_pre_hook(lambda m, args, kwargs: reads.append(kwargs["input_ids"]), with_kwargs=True)
+        return model, loss, minutes
+
+    monkeypatch.setattr(book_reproduction, "train_arm", recording_train_arm)
+    out = tmp_path / "run"
+    status = main(["reproduce", "--preset", "smollm2", "--model_name_or_path", str(tiny_llama_folder),
+                   "--output_dir", str(out), *TINY_RUN, "--overlap_fractions", "0", "0.125", "--max_steps", "2",
+                   "--window_start", "text_start"])  # fmt: skip
+    assert status == 0
+    assert "Every window of every arm begins with ['" in capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    assert results["settings"]["window_start"] == "text_start"
+    rows = {(row["model"], row["overlap"]): row for row in results["rows"]}
+    assert all(row["num_tokens"] == 4 * 29 for row in rows.values())
+    # The baseline reads the start token before each window of 8 (9 positions) when evaluated, the recurrent arms as the first of
+    # their own windows of 9; the stock+bos reference reads the same as the untrained baseline.
+    assert {ids.shape[1] for ids in read["None"]} == {9, 7}  # full windows; each passage's last 6 tokens
+    assert all((ids[:, 0] == 0).all() for ids in read["None"])
+    assert all((ids[:, ::9] == 0).all() for ids in read["window"] + read["zeros"])
+    assert rows[("baseline", 0)]["flops_per_token"] == rows[("stock+bos", 0)]["flops_per_token"]
+    assert rows[("recurrent", 0)]["flops_per_token"] > rows[("baseline", 0)]["flops_per_token"]
+    assert math.isfinite(results["carried_gain_lost_when_shuffled"])

@@ -38,14 +38,24 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 from torch.utils.data import Dataset
+from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, set_seed
 from transformers.pytorch_utils import Conv1D
 
 from .data import TokenBlocks, WindowedBlocksCollator, token_stream
 from .data.books import BOOK_SPLITS, austen_split, write_austen_split_manifest
 from .data.fact_probe import FactProbe, fact_nll
-from .evaluation import WindowPrefixed, flops_per_token, plot_perplexity_vs_flops, windowed_perplexity, write_report
+from .evaluation import (
+    TokenNLL,
+    WindowedPerplexity,
+    WindowPrefixed,
+    flops_per_token,
+    plot_perplexity_vs_flops,
+    windowed_perplexity,
+    write_report,
+)
 from .evaluation.flops import has_flops_count
+from .evaluation.perplexity import RECURRENT_CHUNK_TOKENS
 from .evaluation.report import plot_nll_by_window_position
 from .evaluation.statistics import nll_by_window_position, paired_bootstrap, segment_sums
 from .gemma3 import gemma3_270m_gguf_path
@@ -74,6 +84,10 @@ REFERENCE_PROMPT = (
     "about what her sister had said."
 )
 
+# What every window of every arm begins with: the bare text (the paper), or the special tokens the tokenizer puts
+# before a text (`text_start_tokens`: Gemma's <bos>, without which stock Gemma 3 reads a window at perplexity 260
+# instead of 36 on the validation book).
+WINDOW_STARTS = ("bare", "text_start")
 # What `--backbone` may train in every arm.
 BACKBONE_SETTINGS = ("frozen", "lora", "full")
 # How the recurrence FFN of the trained arms starts (`fan_in_init_`).
@@ -145,6 +159,14 @@ class BookReproductionSettings:
             "a text (the other reference row reads the tokenizer's BOS token, else its EOS token)."
         },
     )
+    window_start: str = field(
+        default="bare",
+        metadata={
+            "help": "What every window of every arm begins with: bare (the text alone, as in the paper) or text_start "
+            "(the special tokens its tokenizer puts before a text, e.g. Gemma's <bos>: read, never predicted; the "
+            "recurrent arms' windows grow by as many positions, their h_prev pooled over them too)."
+        },
+    )
     bf16: bool = field(
         default=False,
         metadata={
@@ -199,6 +221,7 @@ class BookReproductionSettings:
         for name, choices in (
             ("backbone", BACKBONE_SETTINGS),
             ("recurrence_init", RECURRENCE_INITS),
+            ("window_start", WINDOW_STARTS),
             ("eval_split", BOOK_SPLITS),
         ):
             if getattr(self, name) not in choices:
@@ -232,9 +255,10 @@ class BookReproductionSettings:
                 "lie in [0, 1) and round to fewer tokens than the window"
             )
 
-    def recurrence_settings(self) -> dict:
+    def recurrence_settings(self, num_start_tokens: int = 0) -> dict:
+        """The trained arms' `RecurrentDecoderConfig` fields; their windows hold `num_start_tokens` more positions."""
         return {
-            "window_size": self.window_size,
+            "window_size": self.window_size + num_start_tokens,
             "window_overlap": 0,
             "insertion_layer": self.insertion_layer,
             "normalize_pooled_states": self.normalize_pooled_states,
@@ -365,6 +389,7 @@ def train_arm(
     recurrence_input: str | None,
     data: list[int] | Dataset,
     settings: BookReproductionSettings,
+    window_start_ids: Sequence[int] = (),
     **config_overrides,
 ) -> tuple[PreTrainedModel, float | None, float]:
     """One arm on a copy of `stock`, trained with the stock Trainer; returns the model (LoRA merged in), the final
@@ -375,14 +400,28 @@ def train_arm(
     `data`: a token stream, cut into blocks of `windows_per_block` windows, or a dataset of such blocks (with their
     labels, e.g. a `FactProbe`).
 
+    `window_start_ids`: read before every window of the arm (`window_start="text_start"`), never predicted; a
+    recurrent arm's windows are that many positions longer.
+
     `config_overrides`: further `RecurrentDecoderConfig` fields (e.g. `h_prev_rope_position=-1`) for ablations.
     """
     set_seed(settings.seed)  # the recurrence module's initialisation: the same for every arm
+    starts = tuple(window_start_ids)
     if recurrence_input is None:
-        model, collator = copy.deepcopy(stock), WindowedBlocksCollator(settings.window_size)
+        model, collator = copy.deepcopy(stock), WindowedBlocksCollator(settings.window_size, window_start_ids=starts)
     else:
-        recurrence = {**settings.recurrence_settings(), "recurrence_input": recurrence_input, **config_overrides}
-        model, collator = recurrent_arm(stock, **recurrence), None
+        recurrence = {
+            **settings.recurrence_settings(len(starts)),
+            "recurrence_input": recurrence_input,
+            **config_overrides,
+        }
+        model = recurrent_arm(stock, **recurrence)
+        # Without start ids the recurrent model reads the blocks as they are.
+        collator = (
+            WindowedBlocksCollator(settings.window_size, window_start_ids=starts, independent_windows=False)
+            if starts
+            else None
+        )
         if settings.recurrence_init == "fan_in":
             fan_in_init_(model.recurrence)
     trained, groups = adapt_backbone(model, settings)
@@ -419,6 +458,118 @@ def reference_prefixes(tokenizer: PreTrainedTokenizerBase, settings: BookReprodu
     prompt = text_start_tokens(tokenizer) + tokenizer(settings.reference_prompt, add_special_tokens=False)["input_ids"]
     prefixes = {"stock+bos": [] if special is None else [special], "stock+prompt": prompt}
     return {name: ids for name, ids in prefixes.items() if ids}
+
+
+def window_start_ids(settings: BookReproductionSettings, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """What every window of every arm begins with under `settings.window_start`: nothing, or the tokenizer's
+    `text_start_tokens` (refused, as a usage error, when it puts none before a text)."""
+    if settings.window_start == "bare":
+        return []
+    starts = text_start_tokens(tokenizer)
+    if not starts:
+        raise UsageError(
+            "window_start='text_start' needs a tokenizer that puts a special token before a text (as Gemma's puts "
+            "<bos>); this one puts none: use window_start='bare'"
+        )
+    return starts
+
+
+def read_windows(
+    model: PreTrainedModel,
+    documents: list[torch.Tensor],
+    window_size: int,
+    overlap: int,
+    window_start_ids: Sequence[int],
+) -> WindowedPerplexity:
+    """`windowed_perplexity` of every document (all of them rows of one batch, so that the shuffled read takes
+    `h_prev` from another row), each window of `window_size` text tokens begun by `window_start_ids` when given: a
+    stock model reads them before every window (`WindowPrefixed`, its FLOPs counted with them), a recurrent arm as the
+    first positions of its own windows (`read_recurrent_with_window_starts`)."""
+    if not window_start_ids:
+        return windowed_perplexity(
+            model, documents, window_size, overlap, batch_size=len(documents), return_token_nll=True
+        )
+    if isinstance(model, RecurrentDecoderForCausalLM):
+        return read_recurrent_with_window_starts(model, documents, window_size, window_start_ids)
+    starts = len(window_start_ids)
+    result = windowed_perplexity(
+        WindowPrefixed(model, window_start_ids),
+        documents,
+        window_size,
+        overlap,
+        batch_size=len(documents),
+        return_token_nll=True,
+    )
+    if has_flops_count(model.config):
+        result.flops_per_token = flops_per_token(model.config, window_size + starts, overlap + starts)
+    return result
+
+
+def read_recurrent_with_window_starts(
+    model: RecurrentDecoderForCausalLM,
+    documents: list[torch.Tensor],
+    window_size: int,
+    window_start_ids: Sequence[int],
+    show_progress: bool = True,
+) -> WindowedPerplexity:
+    """What `windowed_perplexity` gives at overlap 0 for a recurrent arm whose every window of `window_size` text
+    tokens begins with `window_start_ids` (its `config.window_size` counts both): each document read with its start
+    ids put before each window, and every text token but the first predicted once, from the position of the text
+    token before it (a window's first token from the previous window's last, as without start ids). The start ids
+    predict nothing. The documents are the rows of one batch, read through the model's state."""
+    starts = len(window_start_ids)
+    width = window_size + starts
+    if (model.config.window_size, model.config.window_overlap) != (width, 0):
+        raise ValueError(
+            f"window_size={window_size} text tokens after {starts} start id(s) needs a recurrent model with "
+            f"window_size={width} and window_overlap=0, got {model.config.window_size} and "
+            f"{model.config.window_overlap}"
+        )
+    device = model.device
+    start = torch.as_tensor(list(window_start_ids), device=device)
+    rows, text_columns = [], []
+    for document in documents:
+        windows = document.to(device).split(window_size)
+        rows.append(torch.cat([torch.cat([start, window]) for window in windows]))
+        # (tokens,) the column of each text token in its row
+        text_columns.append(
+            torch.cat([k * width + starts + torch.arange(len(w), device=device) for k, w in enumerate(windows)])
+        )
+    lengths = torch.tensor([len(row) for row in rows], device=device)
+    ids = nn.utils.rnn.pad_sequence(rows, batch_first=True)  # (documents, longest row)
+    real = (torch.arange(ids.shape[1], device=device)[None] < lengths[:, None]).long()
+    token_nll = [torch.zeros(len(document) - 1) for document in documents]
+    chunk = width * max(1, RECURRENT_CHUNK_TOKENS // width)
+    progress = tqdm(total=sum(map(len, token_nll)), unit="tok", desc="windowed perplexity", disable=not show_progress)
+    with torch.no_grad(), progress:
+        model.eval()
+        state = model.new_state(len(rows))
+        for first in range(0, ids.shape[1], chunk):
+            out = model(
+                input_ids=ids[:, first : first + chunk],
+                attention_mask=real[:, first : first + chunk],
+                past_key_values=state,
+            )
+            state = out.past_key_values
+            for row, (document, columns) in enumerate(zip(documents, text_columns, strict=True)):
+                # Text token j, at column columns[j], predicts text token j + 1.
+                inside = ((columns[:-1] >= first) & (columns[:-1] < first + chunk)).nonzero().squeeze(1)
+                logits = out.logits[row, columns[inside] - first].float()  # (predicted here, vocab)
+                targets = document.to(device)[inside + 1]
+                token_nll[row][inside.cpu()] = nn.functional.cross_entropy(logits, targets, reduction="none").cpu()
+                progress.update(len(inside))
+    num_tokens = sum(len(values) for values in token_nll)
+    nll = float(torch.cat(token_nll).sum()) / num_tokens
+    return WindowedPerplexity(
+        perplexity=math.exp(nll),
+        nll=nll,
+        num_tokens=num_tokens,
+        num_documents=len(documents),
+        window_size=window_size,
+        overlap=0,
+        flops_per_token=flops_per_token(model.config, width, starts) if has_flops_count(model.config) else None,
+        token_nll=[TokenNLL(values, torch.arange(len(values)) % window_size) for values in token_nll],
+    )
 
 
 def text_start_tokens(tokenizer: PreTrainedTokenizerBase, text: str = "text") -> list[int]:
@@ -459,6 +610,10 @@ def run_fact_probe(
     Returns, per reader, the mean NLL per name token and the share of examples recalled exactly, plus the training
     loss and minutes.
     """
+    if settings.window_start != "bare":
+        raise UsageError(
+            f"The fact probe reads bare windows; got window_start={settings.window_start!r} (use window_start='bare')"
+        )
     window = settings.window_size
     train = FactProbe(train_stream, tokenizer, window, settings.max_steps * settings.batch_size, seed=settings.seed)
     held_out = FactProbe(held_out_stream, tokenizer, window, num_held_out, seed=settings.seed + 1)
@@ -549,8 +704,9 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
         raise UsageError(str(error)) from None
     # The recurrent configuration's own checks (a supported family, window against the position table and sliding
     # window, insertion layer) and LoRA's (layers and names the model has) before any work.
+    starts = window_start_ids(settings, tokenizer)
     try:
-        recurrent_arm(stock, **settings.recurrence_settings())
+        recurrent_arm(stock, **settings.recurrence_settings(len(starts)))
     except ValueError as error:
         raise UsageError(f"{source}: {error}") from None
     lora_targets(settings, stock)
@@ -570,22 +726,24 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
         f"{settings.batch_size} blocks x {block_tokens} tokens = {train_tokens:,} tokens. Held-out: "
         + ", ".join(f"{r['title']} ({r['tokens_read']:,} of {r['book_tokens']:,} tokens)" for r in read)
     )
-    start_tokens = text_start_tokens(tokenizer)
-    if start_tokens:
+    text_starts = text_start_tokens(tokenizer)
+    if starts:
+        print(
+            f"Every window of every arm begins with {tokenizer.convert_ids_to_tokens(starts)} (window_start=text_start)"
+        )
+    elif text_starts:
         # The paper's windows are bare text; a model trained always to see its start token reads them far worse
         # (stock Gemma 3 base on the validation book: perplexity 260 bare, 36 after <bos>: docs/benchmarks.md).
         print(
-            f"Note: this tokenizer begins every text with {tokenizer.convert_ids_to_tokens(start_tokens)}, and every arm reads "
-            "windows without it, so each arm's training must first teach the model to read a bare window"
+            f"Note: this tokenizer begins every text with {tokenizer.convert_ids_to_tokens(text_starts)}, and every arm "
+            "reads windows without it (window_start=bare), so each arm's training must first teach the model to read a "
+            "bare window"
         )
 
     rows, token_nll, extra = [], {}, {"held_out": read, "train_tokens_per_arm": train_tokens, "device": device}
 
-    def evaluate(model, name: str, overlap: int, **fields) -> None:
-        # Every document a row of one batch: the shuffled read takes h_prev from another row.
-        result = windowed_perplexity(
-            model, documents, settings.window_size, overlap, batch_size=len(documents), return_token_nll=True
-        )
+    def evaluate(model, name: str, overlap: int, window_start: Sequence[int] = starts, **fields) -> None:
+        result = read_windows(model, documents, settings.window_size, overlap, window_start)
         token_nll[f"{name}@{overlap}"] = result.token_nll
         rows.append({"model": name, **result.to_dict(), **fields})
         print(f"  {name:<10} window {settings.window_size} overlap {overlap:>3}: perplexity {result.perplexity:.3f}")
@@ -593,7 +751,7 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
 
     if settings.backbone != "frozen":
         print(f"[baseline] training the backbone ({settings.backbone}), each window read alone")
-    baseline, loss, minutes = train_arm(stock, None, stream, settings)
+    baseline, loss, minutes = train_arm(stock, None, stream, settings, starts)
     extra["baseline_train_minutes"] = minutes
     for fraction in settings.overlap_fractions:
         overlap = overlap_tokens(settings.window_size, fraction)
@@ -608,12 +766,12 @@ def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, 
             else None
         )
         reference = WindowPrefixed(stock, prefix)
-        evaluate(reference, name, 0, train_loss=None, tokens=0, prefix_tokens=len(prefix), flops_per_token=flops)
+        evaluate(reference, name, 0, (), train_loss=None, tokens=0, prefix_tokens=len(prefix), flops_per_token=flops)
     for name, recurrence_input in TRAINED_ARMS.items():
         print(
             f"[{name}] training the recurrence module (recurrence_input={recurrence_input!r}), backbone {settings.backbone}"
         )
-        model, loss, minutes = train_arm(stock, recurrence_input, stream, settings)
+        model, loss, minutes = train_arm(stock, recurrence_input, stream, settings, starts)
         save_file(
             {k: v.contiguous() for k, v in model.recurrence.state_dict().items()},
             str(output_dir / f"recurrence_{name}.safetensors"),

@@ -50,6 +50,40 @@ def test_baseline_collator_cuts_blocks_into_windows_in_order():
     assert torch.equal(batch["labels"], batch["input_ids"])
 
 
+def _shifted_pairs(ids: torch.Tensor, labels: torch.Tensor) -> list[tuple[int, int]]:
+    """(predicting token, target) of every predicted position of each row, as a causal LM's shifted loss pairs them."""
+    pairs = []
+    for row_ids, row_labels in zip(ids.tolist(), labels.tolist(), strict=True):
+        pairs += [
+            (token, target) for token, target in zip(row_ids[:-1], row_labels[1:], strict=True) if target != -100
+        ]
+    return pairs
+
+
+@pytest.mark.parametrize("independent_windows", [True, False])
+def test_window_start_ids_begin_every_window_and_leave_the_predicted_tokens_unchanged(independent_windows):
+    blocks = [{"input_ids": torch.arange(100, 112)}, {"input_ids": torch.arange(112, 124)}]
+    bare = WindowedBlocksCollator(window_size=4)(blocks)
+    started = WindowedBlocksCollator(4, window_start_ids=(1, 2), independent_windows=independent_windows)(blocks)
+    windows = started["input_ids"].reshape(6, 6)  # (blocks x windows, starts + window)
+    assert windows[:, :2].tolist() == [[1, 2]] * 6
+    assert windows[:, 2:].tolist() == bare["input_ids"].tolist()
+    pairs = _shifted_pairs(started["input_ids"], started["labels"])
+    if independent_windows:  # as the bare baseline: within each window, its first token unpredicted
+        assert started["input_ids"].shape == (6, 6)
+        assert pairs == _shifted_pairs(bare["input_ids"], bare["labels"])
+    else:  # one row per block, the recurrent model's: every token but the block's first, each from the text token before
+        assert started["input_ids"].shape == (2, 18)
+        assert pairs == [(token, token + 1) for start in (100, 112) for token in range(start, start + 11)]
+
+
+def test_window_start_ids_refuse_what_they_cannot_serve():
+    with pytest.raises(ValueError, match="needs window_overlap=0, got window_overlap=1"):
+        WindowedBlocksCollator(4, 1, window_start_ids=(1,), independent_windows=False)
+    with pytest.raises(ValueError, match="only serves window_start_ids"):
+        WindowedBlocksCollator(4, independent_windows=False)
+
+
 def test_read_documents_prefers_files(tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text("real text")
