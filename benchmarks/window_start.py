@@ -29,7 +29,11 @@ from hf_recurrence.evaluation import WindowPrefixed, windowed_perplexity
 
 def main() -> None:
     parser = bench.benchmark_parser(__doc__, __file__, cuda_dtype="float32", seed=False)
-    parser.add_argument("--model", choices=sorted(NAMED_MODELS), default="gemma3-270m")
+    parser.add_argument(
+        "--model",
+        default="gemma3-270m",
+        help=f"an installed model ({', '.join(sorted(NAMED_MODELS))}), or a stock causal LM's folder or .gguf file",
+    )
     parser.add_argument("--eval-split", choices=["validation", "test"], default="validation")
     parser.add_argument("--eval-tokens-per-book", type=int, default=4000, help="first tokens of each book read")
     parser.add_argument("--window-size", type=int, default=128)
@@ -41,7 +45,10 @@ def main() -> None:
         eval_tokens_per_book=args.eval_tokens_per_book,
         window_size=args.window_size,
     )
-    model, tokenizer, source = load_causal_lm(settings.model_name_or_path)
+    try:
+        model, tokenizer, source = load_causal_lm(settings.model_name_or_path)
+    except (ImportError, OSError) as error:  # a model package not installed, a path that holds no model
+        parser.error(f"--model {args.model}: {error}")
     model = model.to(device, dtype).eval()
     documents, read = held_out_documents(settings, tokenizer)
     bos = reference_prefixes(tokenizer, settings).get("stock+bos", [])

@@ -10,8 +10,12 @@ import sys
 
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from .common import REPO_ROOT
+from hf_recurrence.data import books as books_module
+from hf_recurrence.data import books_cache_dir
+
+from .common import REPO_ROOT, TINY_LLAMA, stdlib_tokenizer
 
 
 BENCHMARKS = REPO_ROOT / "benchmarks"
@@ -96,6 +100,29 @@ def test_prefill_memory_runs_end_to_end(tmp_path):
     rows = {row[0]: row for row in written["tables"]["prefill"]["rows"]}
     assert rows["recurrent GPT-2"][-1] == "yes"
     assert written["values"]["recurrent GPT-2, 24 tokens"]["last_logits_only"] is True
+
+
+def test_window_start_reads_the_book_after_each_window_start_on_any_stock_model(tmp_path):
+    pytest.importorskip("rdata", reason="reading the R data files needs `pip install rdata`")
+    if not (books_cache_dir() / f"janeaustenr-{books_module.JANEAUSTENR_VERSION}").is_dir():
+        pytest.skip("the Austen books are not cached (tests/test_book_reproduction.py fetches them)")
+    tokenizer = stdlib_tokenizer()
+    LlamaForCausalLM(LlamaConfig(**{**TINY_LLAMA, "vocab_size": len(tokenizer)})).save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    output = tmp_path / "window_start.json"
+    arguments = ["--window-size", "8", "--eval-tokens-per-book", "60", "--device", "cpu", "--output-json", str(output)]
+    result = _run("window_start.py", "--model", str(tmp_path / "llama"), *arguments)
+    assert result.returncode == 0, result.stderr[-2000:]
+    written = _written(output)
+    # The tests' tokenizer has no BOS: its EOS stands in; each window start against the bare window, with an interval.
+    rows = {row[0]: row for row in written["tables"]["window_start"]["rows"]}
+    assert list(rows) == ["bare window", "BOS", "BOS + prompt", "prompt alone"]
+    assert rows["bare window"][1] == "0" and rows["BOS"][1] == "1"
+    comparison = written["values"]["comparisons"]["BOS"]
+    assert comparison["low"] <= comparison["relative_difference"] <= comparison["high"]
+    assert written["values"]["held_out"][0]["title"] == "Sense & Sensibility"
+    missing = _run("window_start.py", "--model", str(tmp_path / "nothing"), *arguments)
+    assert missing.returncode == 2 and f"--model {tmp_path / 'nothing'}:" in missing.stderr
 
 
 def _render_module():

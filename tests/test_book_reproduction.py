@@ -181,6 +181,7 @@ def test_a_family_without_a_flops_count_runs_with_the_count_left_out(books_avail
         (["--eval_passages_per_book", "0"], "eval_passages_per_book=0"),
         (["--recurrence_init", "xavier"], "recurrence_init='xavier'"),
         (["--backbone_learning_rate", "0"], "backbone_learning_rate=0"),
+        (["--window_start", "bos"], "window_start='bos'"),
     ],
 )
 def test_bad_options_are_refused_before_any_work(options, message, tmp_path, capsys):
@@ -249,6 +250,8 @@ def test_gpt2_options_stay_refused_by_the_gpt2_presets(tmp_path, capsys):
             ["--lora_target_modules", "c_attn"],
             "lora_target_modules must name some of this model's ['q_proj', 'k_proj'",
         ),
+        # The tests' tokenizer, as SmolLM2's, puts nothing before a text.
+        (["--window_start", "text_start"], "this one puts none: use window_start='bare'"),
     ],
 )
 def test_what_the_model_lacks_is_refused_before_training(options, message, tiny_llama_folder, tmp_path, capsys):

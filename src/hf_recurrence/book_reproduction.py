@@ -485,22 +485,14 @@ def read_windows(
     `h_prev` from another row), each window of `window_size` text tokens begun by `window_start_ids` when given: a
     stock model reads them before every window (`WindowPrefixed`, its FLOPs counted with them), a recurrent arm as the
     first positions of its own windows (`read_recurrent_with_window_starts`)."""
-    if not window_start_ids:
-        return windowed_perplexity(
-            model, documents, window_size, overlap, batch_size=len(documents), return_token_nll=True
-        )
-    if isinstance(model, RecurrentDecoderForCausalLM):
+    if window_start_ids and isinstance(model, RecurrentDecoderForCausalLM):
         return read_recurrent_with_window_starts(model, documents, window_size, window_start_ids)
-    starts = len(window_start_ids)
+    reader = WindowPrefixed(model, window_start_ids) if window_start_ids else model
     result = windowed_perplexity(
-        WindowPrefixed(model, window_start_ids),
-        documents,
-        window_size,
-        overlap,
-        batch_size=len(documents),
-        return_token_nll=True,
+        reader, documents, window_size, overlap, batch_size=len(documents), return_token_nll=True
     )
-    if has_flops_count(model.config):
+    if window_start_ids and has_flops_count(model.config):
+        starts = len(window_start_ids)
         result.flops_per_token = flops_per_token(model.config, window_size + starts, overlap + starts)
     return result
 
