@@ -518,15 +518,16 @@ def read_recurrent_with_window_starts(
             f"{model.config.window_overlap}"
         )
     device = model.device
+    documents = [document.to(device) for document in documents]
     start = torch.as_tensor(list(window_start_ids), device=device)
-    rows, text_columns = [], []
-    for document in documents:
-        windows = document.to(device).split(window_size)
-        rows.append(torch.cat([torch.cat([start, window]) for window in windows]))
-        # (tokens,) the column of each text token in its row
-        text_columns.append(
-            torch.cat([k * width + starts + torch.arange(len(w), device=device) for k, w in enumerate(windows)])
-        )
+    rows = [
+        torch.cat([torch.cat([start, window]) for window in document.split(window_size)]) for document in documents
+    ]
+    # (tokens,) the column of each text token in its row: after the start ids of its window and of every one before
+    text_columns = [
+        positions + (positions // window_size + 1) * starts
+        for positions in (torch.arange(len(document), device=device) for document in documents)
+    ]
     lengths = torch.tensor([len(row) for row in rows], device=device)
     ids = nn.utils.rnn.pad_sequence(rows, batch_first=True)  # (documents, longest row)
     real = (torch.arange(ids.shape[1], device=device)[None] < lengths[:, None]).long()
@@ -547,7 +548,7 @@ def read_recurrent_with_window_starts(
                 # Text token j, at column columns[j], predicts text token j + 1.
                 inside = ((columns[:-1] >= first) & (columns[:-1] < first + chunk)).nonzero().squeeze(1)
                 logits = out.logits[row, columns[inside] - first].float()  # (predicted here, vocab)
-                targets = document.to(device)[inside + 1]
+                targets = document[inside + 1]
                 token_nll[row][inside.cpu()] = nn.functional.cross_entropy(logits, targets, reduction="none").cpu()
                 progress.update(len(inside))
     num_tokens = sum(len(values) for values in token_nll)
