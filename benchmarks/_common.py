@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Helpers shared by the benchmark scripts: arguments, timing, peak memory, and the machine description and JSON
-result file every run writes (rendered into docs/benchmarks.md by `render.py`).
+"""Helpers shared by the benchmark and experiment scripts: arguments, timing, peak memory, and the machine
+description and JSON result file every run writes (`results/` beside the script, rendered into docs/benchmarks.md or
+docs/experiments/ by `render.py`).
 
 Not a benchmark itself; the scripts import it as a sibling module (`python benchmarks/<name>.py` puts this folder on
-`sys.path`).
+`sys.path`; experiments/_common.py hands the experiment scripts this same module).
 """
 
 import argparse
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from render import REPO_ROOT, RESULTS_DIR, markdown_table, render_docs
+from render import REPO_ROOT, markdown_table, render_docs
 
 from hf_recurrence.evaluation.report import TABLE_COLUMNS
 
@@ -343,7 +344,7 @@ def _load_text(load: list[float] | None) -> str:
 
 
 def describe_machine(device: torch.device | None = None, dtype: torch.dtype | None = None) -> dict:
-    """Where the numbers come from, as data, with `description`, the one line docs/benchmarks.md shows: with
+    """Where the numbers come from, as data, with `description`, the one line the docs show: with
     `device` and `dtype`, where the models ran (the GPU by name); without, the GPU that the code a benchmark drives
     would pick, if any. Taken before the measurements: the load and the parallel-region probe are those at the start."""
     gpu = (
@@ -444,7 +445,7 @@ def ratios(numerator: list[float], denominator: list[float]) -> dict[str, float]
 
 
 def table(headers: list[str], rows: list[list[object]], align: list[str] | None = None) -> dict:
-    """A result table as data: the cells as shown in docs/benchmarks.md (see `render.markdown_table`)."""
+    """A result table as data: the cells as shown in the docs (see `render.markdown_table`)."""
     result = {"headers": headers, "rows": [[str(cell) for cell in row] for row in rows]}
     if align:
         result["align"] = align
@@ -476,16 +477,19 @@ def benchmark_parser(
     if seed:
         parser.add_argument("--seed", type=int, default=0)
     name = Path(script).stem
+    # benchmarks/results or experiments/results: the recorded runs of the script's own folder.
+    results_dir = Path(script).resolve().parent / "results"
+    folder = results_dir.relative_to(REPO_ROOT)
     parser.add_argument(
         "--output-json",
         type=Path,
-        default=RESULTS_DIR / f"{name}.json",
-        help=f"where the run's numbers go (default: benchmarks/results/{name}.json, the recorded run)",
+        default=results_dir / f"{name}.json",
+        help=f"where the run's numbers go (default: {folder}/{name}.json, the recorded run)",
     )
     parser.add_argument(
         "--write-docs",
         action="store_true",
-        help="then re-render docs/benchmarks.md from benchmarks/results (shows this run if --output-json is there)",
+        help=f"then re-render the docs from the recorded runs (shows this run if --output-json is in {folder})",
     )
     parser.add_argument("--note", default="", help="a sentence about the run, e.g. the load seen while it ran")
     return parser
@@ -514,7 +518,7 @@ def write_results(
     **extra: object,
 ) -> dict:
     """Print the run's tables and text, and write the run as JSON to `args.output_json`: the command, the date, the
-    machine (with the load at the end), the settings, the measured `values`, and what docs/benchmarks.md shows of
+    machine (with the load at the end), the settings, the measured `values`, and what the docs show of
     them: `tables` and `text` (named groups of lines derived from the numbers, such as a goal's verdict); `extra`
     adds top-level fields. With `--write-docs`, re-render the docs. Returns what was written."""
     result = {

@@ -15,7 +15,7 @@ import time
 import _common as bench
 import torch
 
-from hf_recurrence.smollm2 import load_llama_from_gguf, recurrent_llama_from_gguf, smollm2_gguf_path
+from hf_recurrence.weights import load_llama_from_gguf, recurrent_llama_from_gguf, smollm2_gguf_path
 
 
 def parse_args() -> argparse.Namespace:

@@ -1,13 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Render the numbers in docs/benchmarks.md from the recorded runs in benchmarks/results/*.json.
+"""Render the numbers in docs/benchmarks.md and docs/experiments/*.md from the recorded runs in
+benchmarks/results/*.json (speed and memory) and experiments/results/*.json (quality).
 
-    python benchmarks/render.py           # rewrite the marked regions of docs/benchmarks.md
-    python benchmarks/render.py --check   # exit 1 if docs/benchmarks.md is not what the results render to
+    python benchmarks/render.py           # rewrite the marked regions of every page
+    python benchmarks/render.py --check   # exit 1 if a page is not what the results render to
 
-The page's prose is written by hand; only the regions `<!-- benchmark:SCRIPT.PART -->` ...
-`<!-- /benchmark:SCRIPT.PART -->` come from `benchmarks/results/SCRIPT.json`. PART is `command` (the command that
-ran), `machine` (where it ran), the name of one of the result's `tables`, or that of one of its `text` groups (lines
-the script derived from its numbers, such as a goal's verdict). Imports nothing heavy, so the docs test and this script stay fast.
+The pages' prose is written by hand; only the regions `<!-- benchmark:SCRIPT.PART -->` ...
+`<!-- /benchmark:SCRIPT.PART -->` (`experiment:` on the experiments' pages) come from `RESULTS/SCRIPT.json`, RESULTS
+being the page's folder of recorded runs (`PAGES`). PART is `command` (the command that ran), `machine` (where it
+ran), the name of one of the result's `tables`, or that of one of its `text` groups (lines the script derived from its
+numbers, such as a goal's verdict). Imports nothing heavy, so the docs test and this script stay fast. The benchmark
+and experiment scripts share it (and `_common.py`): one renderer for both folders.
 """
 
 import argparse
@@ -20,8 +23,18 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCS_PATH = REPO_ROOT / "docs" / "benchmarks.md"
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+EXPERIMENT_RESULTS_DIR = REPO_ROOT / "experiments" / "results"
+EXPERIMENT_DOCS = REPO_ROOT / "docs" / "experiments"
 
-REGION = re.compile(r"<!-- benchmark:(?P<name>[\w.]+) -->\n.*?<!-- /benchmark:(?P=name) -->", re.DOTALL)
+REGION = re.compile(
+    r"<!-- (?P<kind>benchmark|experiment):(?P<name>[\w.]+) -->\n.*?<!-- /(?P=kind):(?P=name) -->", re.DOTALL
+)
+
+
+def pages() -> dict[Path, Path]:
+    """Every rendered page and the folder of recorded runs its regions come from."""
+    experiment_pages = sorted(EXPERIMENT_DOCS.glob("*.md"))
+    return {DOCS_PATH: RESULTS_DIR, **dict.fromkeys(experiment_pages, EXPERIMENT_RESULTS_DIR)}
 
 
 def markdown_table(table: dict) -> str:
@@ -53,37 +66,43 @@ def render_part(result: dict, part: str) -> str:
     return "\n".join(result["text"][part])
 
 
-def render(text: str, results: dict[str, dict]) -> str:
-    """`text` with every marked region replaced by what the results say; a region naming a missing result or part
-    is an error, so that a renamed table cannot leave stale numbers behind."""
+def render(text: str, results: dict[str, dict], results_dir: Path = RESULTS_DIR) -> str:
+    """`text` with every marked region replaced by what the results (read from `results_dir`) say; a region naming
+    a missing result or part is an error, so that a renamed table cannot leave stale numbers behind."""
 
     def replace(match: re.Match) -> str:
-        name = match["name"]
+        kind, name = match["kind"], match["name"]
         script, _, part = name.partition(".")
         if script not in results:
-            raise KeyError(f"docs region {name}: no benchmarks/results/{script}.json")
-        return f"<!-- benchmark:{name} -->\n{render_part(results[script], part)}\n<!-- /benchmark:{name} -->"
+            raise KeyError(f"docs region {name}: no {results_dir.relative_to(REPO_ROOT)}/{script}.json")
+        return f"<!-- {kind}:{name} -->\n{render_part(results[script], part)}\n<!-- /{kind}:{name} -->"
 
     return REGION.sub(replace, text)
 
 
-def render_docs(check: bool = False) -> bool:
-    """Rewrite docs/benchmarks.md from the results (or with `check`, only compare); returns whether it was current."""
-    text = DOCS_PATH.read_text()
-    rendered = render(text, load_results())
-    if not check and rendered != text:
-        DOCS_PATH.write_text(rendered)
-        print(f"rendered {DOCS_PATH.relative_to(REPO_ROOT)} from {RESULTS_DIR.relative_to(REPO_ROOT)}")
-    return rendered == text
+def render_docs(check: bool = False) -> list[Path]:
+    """Rewrite every page from its results (or with `check`, only compare); returns the pages that were not
+    current."""
+    stale = []
+    for page, results_dir in pages().items():
+        text = page.read_text()
+        rendered = render(text, load_results(results_dir), results_dir)
+        if rendered != text:
+            stale.append(page)
+            if not check:
+                page.write_text(rendered)
+                print(f"rendered {page.relative_to(REPO_ROOT)} from {results_dir.relative_to(REPO_ROOT)}")
+    return stale
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="only check that the page is up to date")
+    parser.add_argument("--check", action="store_true", help="only check that the pages are up to date")
     args = parser.parse_args()
-    current = render_docs(check=args.check)
-    if args.check and not current:
-        sys.exit(f"{DOCS_PATH.relative_to(REPO_ROOT)} is out of date: run python benchmarks/render.py")
+    stale = render_docs(check=args.check)
+    if args.check and stale:
+        names = ", ".join(str(page.relative_to(REPO_ROOT)) for page in stale)
+        sys.exit(f"{names} out of date: run python benchmarks/render.py")
 
 
 if __name__ == "__main__":

@@ -1,84 +1,24 @@
 """The benchmark scripts: every one takes --device and --dtype, those that count rather than time run end to end
-at a tiny size and write their JSON result (no timing is asserted), and docs/benchmarks.md is what the recorded
-results render to."""
+at a tiny size and write their JSON result (no timing is asserted), and docs/benchmarks.md and docs/experiments/ are
+what the recorded results render to (the renderer, benchmarks/render.py, serves both folders)."""
 
 import importlib.util
-import json
-import runpy
-import subprocess
-import sys
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from hf_recurrence.data import books as books_module
-from hf_recurrence.data import books_cache_dir
-
-from .common import REPO_ROOT, TINY_LLAMA, stdlib_tokenizer
-
-
-BENCHMARKS = REPO_ROOT / "benchmarks"
-# render.py measures nothing: it has no device.
-SCRIPTS = sorted(
-    path.name for path in BENCHMARKS.glob("*.py") if not path.name.startswith("_") and path.stem != "render"
-)
-
-
-def _run(script: str, *arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), *arguments], capture_output=True, text=True, timeout=300
-    )
-
-
-def _exit_of(script: str, *arguments: str, monkeypatch: pytest.MonkeyPatch) -> SystemExit:
-    """How `python benchmarks/SCRIPT ARGUMENTS` exits, run in this process (a subprocess per script would spend
-    seconds importing torch) for arguments that end it before any measurement."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / script), *arguments])
-    with pytest.raises(SystemExit) as exit_info:
-        runpy.run_path(str(BENCHMARKS / script), run_name="__main__")
-    return exit_info.value
-
-
-# What every result file written by a run holds (`_common.write_results`).
-RESULT_KEYS = {"script", "command", "date", "note", "machine", "settings", "values", "tables", "text"}
-MACHINE_KEYS = {
-    "commit",
-    "cpu",
-    "cpus",
-    "torch_threads",
-    "python",
-    "torch",
-    "transformers",
-    "device",
-    "gpu",
-    "dtype",
-    "load_average_at_start",
-    "load_average_at_end",
-    "description",
-    "at_end",
-}
-
-
-def _written(path) -> dict:
-    result = json.loads(path.read_text())
-    assert set(result) >= RESULT_KEYS
-    assert set(result["machine"]) >= MACHINE_KEYS
-    assert result["machine"]["device"] == "cpu" and result["machine"]["dtype"] == "float32"
-    assert result["command"].startswith(f"python benchmarks/{result['script']} ")
-    return result
+from .scripts import BENCHMARKS, EXPERIMENTS, exit_of, run_script, scripts, written
 
 
 def test_host_syncs_counts_one_read_per_forward_without_padding(tmp_path):
     output = tmp_path / "host_syncs.json"
-    result = _run(
-        "host_syncs.py",
+    result = run_script(
+        BENCHMARKS / "host_syncs.py",
         *("--layers", "2", "--hidden", "32", "--window-size", "8", "--windows", "3", "--new-tokens", "4"),
         *("--device", "cpu", "--output-json", str(output)),
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    counts = _written(output)["values"]
+    counts = written(output, BENCHMARKS)["values"]
     for family in ("recurrent GPT-2", "recurrent Llama", "Transformer-XL"):
         assert counts[family]["forward_host_reads"] == 1
     assert "stock GPT-2" in counts
@@ -87,42 +27,19 @@ def test_host_syncs_counts_one_read_per_forward_without_padding(tmp_path):
 def test_prefill_memory_runs_end_to_end(tmp_path):
     output = tmp_path / "prefill.json"
     shape = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--vocab-size", "100", "--n-positions", "32"]
-    result = _run(
-        "prefill_memory.py",
+    result = run_script(
+        BENCHMARKS / "prefill_memory.py",
         *shape,
         *("--window-size", "8", "--prompt-tokens", "24", "--models", "recurrent GPT-2"),
         *("--device", "cpu", "--output-json", str(output)),
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    written = _written(output)
-    assert written["settings"]["prompt_tokens"] == [24]
+    result = written(output, BENCHMARKS)
+    assert result["settings"]["prompt_tokens"] == [24]
     # generate() asks the head for the last position's logits only.
-    rows = {row[0]: row for row in written["tables"]["prefill"]["rows"]}
+    rows = {row[0]: row for row in result["tables"]["prefill"]["rows"]}
     assert rows["recurrent GPT-2"][-1] == "yes"
-    assert written["values"]["recurrent GPT-2, 24 tokens"]["last_logits_only"] is True
-
-
-def test_window_start_reads_the_book_after_each_window_start_on_any_stock_model(tmp_path):
-    pytest.importorskip("rdata", reason="reading the R data files needs `pip install rdata`")
-    if not (books_cache_dir() / f"janeaustenr-{books_module.JANEAUSTENR_VERSION}").is_dir():
-        pytest.skip("the Austen books are not cached (tests/test_book_reproduction.py fetches them)")
-    tokenizer = stdlib_tokenizer()
-    LlamaForCausalLM(LlamaConfig(**{**TINY_LLAMA, "vocab_size": len(tokenizer)})).save_pretrained(tmp_path / "llama")
-    tokenizer.save_pretrained(tmp_path / "llama")
-    output = tmp_path / "window_start.json"
-    arguments = ["--window-size", "8", "--eval-tokens-per-book", "60", "--device", "cpu", "--output-json", str(output)]
-    result = _run("window_start.py", "--model", str(tmp_path / "llama"), *arguments)
-    assert result.returncode == 0, result.stderr[-2000:]
-    written = _written(output)
-    # The tests' tokenizer has no BOS: its EOS stands in; each window start against the bare window, with an interval.
-    rows = {row[0]: row for row in written["tables"]["window_start"]["rows"]}
-    assert list(rows) == ["bare window", "BOS", "BOS + prompt", "prompt alone"]
-    assert rows["bare window"][1] == "0" and rows["BOS"][1] == "1"
-    comparison = written["values"]["comparisons"]["BOS"]
-    assert comparison["low"] <= comparison["relative_difference"] <= comparison["high"]
-    assert written["values"]["held_out"][0]["title"] == "Sense & Sensibility"
-    missing = _run("window_start.py", "--model", str(tmp_path / "nothing"), *arguments)
-    assert missing.returncode == 2 and f"--model {tmp_path / 'nothing'}:" in missing.stderr
+    assert result["values"]["recurrent GPT-2, 24 tokens"]["last_logits_only"] is True
 
 
 def _render_module():
@@ -132,20 +49,27 @@ def _render_module():
     return module
 
 
-def test_docs_benchmarks_is_rendered_from_the_recorded_results():
+def test_every_page_is_rendered_from_the_recorded_results():
     render = _render_module()
-    text = render.DOCS_PATH.read_text()
-    assert text == render.render(text, render.load_results()), "run python benchmarks/render.py"
+    for page, results_dir in render.pages().items():
+        text = page.read_text()
+        assert text == render.render(text, render.load_results(results_dir), results_dir), (
+            f"{page.name}: run python benchmarks/render.py"
+        )
 
 
-def test_every_region_of_the_docs_has_a_result_and_every_result_is_shown():
+@pytest.mark.parametrize(("folder", "marker"), [(BENCHMARKS, "benchmark"), (EXPERIMENTS, "experiment")])
+def test_every_region_of_the_docs_has_a_result_and_every_result_is_shown(folder, marker):
     render = _render_module()
-    names = render.REGION.findall(render.DOCS_PATH.read_text())
-    results = render.load_results()
-    assert {name.split(".")[0] for name in names} == set(results)
+    pages = [page for page, results_dir in render.pages().items() if results_dir == folder / "results"]
+    regions = [match for page in pages for match in render.REGION.finditer(page.read_text())]
+    # A page shows the results of its own folder, under its own marker.
+    assert {match["kind"] for match in regions} == {marker}
+    results = render.load_results(folder / "results")
+    assert {match["name"].split(".")[0] for match in regions} == set(results)
     for name, result in results.items():
         assert {"script", "command", "date", "machine", "tables"} <= set(result), name
-        assert (BENCHMARKS / result["script"]).exists(), name
+        assert (folder / result["script"]).exists(), name
         # Recorded before the JSON files existed: the page's numbers, marked as transcribed.
         if "values" not in result:
             assert result["transcribed_from"] == "docs/benchmarks.md", name
@@ -171,11 +95,16 @@ def test_a_rendered_region_follows_its_result():
     assert "Goal met." in rendered
     with pytest.raises(KeyError, match="no benchmarks/results/y.json"):
         render.render("<!-- benchmark:y.t -->\n<!-- /benchmark:y.t -->", {"x": result})
+    # The experiments' pages keep their own marker.
+    rendered = render.render("<!-- experiment:x.verdict -->\n<!-- /experiment:x.verdict -->", {"x": result})
+    assert rendered == "<!-- experiment:x.verdict -->\nGoal met.\n<!-- /experiment:x.verdict -->"
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize(
+    "script", [folder / name for folder in (BENCHMARKS, EXPERIMENTS) for name in scripts(folder)], ids=lambda p: p.name
+)
 def test_every_script_takes_device_and_dtype(script, monkeypatch, capsys):
-    assert _exit_of(script, "--help", monkeypatch=monkeypatch).code == 0
+    assert exit_of(script, "--help", monkeypatch=monkeypatch).code == 0
     help_text = capsys.readouterr().out
     assert "--device" in help_text and "{float32,bfloat16,float16}" in help_text
 
@@ -188,16 +117,11 @@ def test_every_script_takes_device_and_dtype(script, monkeypatch, capsys):
     ],
 )
 def test_bad_device_and_dtype_values_are_refused_by_name(arguments, message, monkeypatch, capsys):
-    assert _exit_of("generation.py", *arguments, monkeypatch=monkeypatch).code == 2
+    assert exit_of(BENCHMARKS / "generation.py", *arguments, monkeypatch=monkeypatch).code == 2
     assert message in capsys.readouterr().err
 
 
 def test_a_cuda_device_this_machine_lacks_is_refused_by_name(monkeypatch):
     absent = f"cuda:{torch.cuda.device_count()}"
-    refusal = _exit_of("host_syncs.py", "--device", absent, monkeypatch=monkeypatch).code
+    refusal = exit_of(BENCHMARKS / "host_syncs.py", "--device", absent, monkeypatch=monkeypatch).code
     assert refusal.startswith(f"--device {absent}: no such CUDA device on this machine")
-
-
-def test_a_driver_refuses_a_dtype_the_job_does_not_run_in(monkeypatch):
-    refusal = _exit_of("reproduce.py", "--dtype", "bfloat16", monkeypatch=monkeypatch).code
-    assert refusal.startswith("--dtype bfloat16: not available here, `hf-recurrence reproduce` picks its device")

@@ -9,12 +9,12 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from hf_recurrence import RecurrentGPT2LMHeadModel
-from hf_recurrence.book_reproduction import BookReproductionSettings
 from hf_recurrence.cli import COMMANDS, build_parser, main
 from hf_recurrence.commands.reproduce import PRESETS, settings_from_args
+from hf_recurrence.experiments.book_reproduction import BookReproductionSettings
+from hf_recurrence.experiments.pretraining import default_model_path
+from hf_recurrence.experiments.reproduction import ReproductionSettings, findings
 from hf_recurrence.outputs import UsageError
-from hf_recurrence.pretraining import default_model_path
-from hf_recurrence.reproduction import ReproductionSettings, findings
 
 from .common import ACROSS_KERNELS, TINY_GPT2, stdlib_tokenizer, user_error
 
@@ -197,7 +197,7 @@ def no_training(monkeypatch):
     def fine_tune(*args, **kwargs):
         raise AssertionError("fine-tuning started before the settings were checked")
 
-    monkeypatch.setattr("hf_recurrence.reproduction.fine_tune", fine_tune)
+    monkeypatch.setattr("hf_recurrence.experiments.reproduction.fine_tune", fine_tune)
 
 
 @pytest.mark.parametrize(
@@ -219,7 +219,7 @@ def test_reproduce_checks_its_settings_before_training(options, expected, tmp_pa
 
 
 def test_reproduce_writes_each_result_as_it_comes(tmp_path, monkeypatch):
-    from hf_recurrence import reproduction
+    from hf_recurrence.experiments import reproduction
 
     rows = []
 
@@ -246,7 +246,7 @@ def test_pretrain_checks_its_folder_before_training(tmp_path, capsys, monkeypatc
     def train_byte_level_bpe(*args, **kwargs):
         raise AssertionError("training started before the output folder was checked")
 
-    monkeypatch.setattr("hf_recurrence.pretraining.train_byte_level_bpe", train_byte_level_bpe)
+    monkeypatch.setattr("hf_recurrence.experiments.pretraining.train_byte_level_bpe", train_byte_level_bpe)
     (tmp_path / "a-file").write_text("")
     error = user_error(capsys, ["pretrain", "--output_dir", str(tmp_path / "a-file" / "model"), "--max_steps", "1"])
     assert "cannot write to output folder" in error
@@ -289,19 +289,6 @@ def test_embedded_default_model_is_a_gpt2_with_a_model_card():
     assert model.config.n_positions == 128
     card = (path / "README.md").read_text()
     assert "library_name: transformers" in card and "hf-recurrence pretrain" in card
-
-
-def test_reproduce_smoke_runs_end_to_end(tmp_path, capsys):
-    out = tmp_path / "reproduce"
-    main(["reproduce", "--preset", "smoke", "--output_dir", str(out)])
-    printed = capsys.readouterr().out
-    results = json.loads((out / "results.json").read_text())
-    rows = results["rows"]
-    assert {(r["model"], r["overlap"]) for r in rows} == {("baseline", 0), ("baseline", 8), ("recurrent", 0)}
-    assert all(r["perplexity"] > 1 and r["num_tokens"] > 0 for r in rows)
-    assert (out / "perplexity_vs_flops.png").stat().st_size > 0
-    assert "recurrent" in (out / "results.md").read_text()
-    assert "vs baseline" in printed
 
 
 def test_findings_check_the_papers_two_claims():

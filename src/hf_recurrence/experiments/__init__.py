@@ -1,0 +1,12 @@
+"""The reproduction pipelines, kept apart from the library: what `hf-recurrence reproduce` and `hf-recurrence
+pretrain` run, and the experiments the scripts in the repository's `experiments/` folder record.
+
+- `reproduction`: the paper's comparison on the embedded default GPT-2 (the project's main job);
+- `book_reproduction`: the paper's claim on a real pretrained decoder (SmolLM2, Gemma 3) and Jane Austen's novels;
+- `key_recall`: does the recurrence carry information across windows (the task is `hf_recurrence.data.key_recall`);
+- `pretraining`: the embedded default GPT-2 that `reproduction` starts from;
+- `training`: the short stock-`Trainer` runs all of them share.
+
+Nothing here is needed to load, train or share a model of the package: only the `reproduce` and `pretrain` commands
+import it.
+"""

@@ -1,0 +1,283 @@
+"""The recurrence paper's comparison, end to end (Yoshida et al. 2020, §5, Tables 1-2, Figures 4-5).
+
+From one pretrained GPT-2, fine-tune a plain baseline and recurrent GPT-2s with the stock `Trainer` at equal steps on
+the same tokens, evaluate all of them on held-out documents with windowed perplexity at several overlaps and window
+sizes, and report perplexity against FLOPs per token as a table and a plot.
+"""
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    GPT2LMHeadModel,
+    PreTrainedConfig,
+    TrainerCallback,
+)
+
+from ..data import TokenBlocks, WindowedBlocksCollator, read_documents, token_stream
+from ..evaluation import plot_perplexity_vs_flops, windowed_perplexity, write_report
+from ..models import RecurrentGPT2Config, RecurrentGPT2LMHeadModel
+from ..outputs import REPORT_FILES, UsageError, finish_output_dir, prepare_output_dir
+from .pretraining import default_model_path
+from .training import RunProgress, fine_tune
+
+
+@dataclass
+class ReproductionSettings:
+    """What `reproduce` trains and evaluates. Overlaps are fractions of the window, rounded to whole tokens."""
+
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "GPT-2 checkpoint to start from (None: the embedded default model, hf_recurrence/default_model)."
+        },
+    )
+    window_sizes: Sequence[int] = field(default=(32, 64), metadata={"help": "Window sizes T to train and evaluate."})
+    baseline_overlap_fractions: Sequence[float] = field(
+        default=(0.0, 0.125, 0.25, 0.5),
+        metadata={"help": "Overlaps at which the baseline is evaluated, as fractions of T."},
+    )
+    recurrent_overlap_fractions: Sequence[float] = field(
+        default=(0.0,),
+        metadata={"help": "Overlaps at which a recurrent model is trained and evaluated, as fractions of T."},
+    )
+    block_tokens: int = field(
+        default=256, metadata={"help": "Tokens per training block; a block holds block_tokens // T windows."}
+    )
+    batch_size: int = field(
+        default=4, metadata={"help": "Blocks per optimizer step (the baseline gets the same blocks cut into windows)."}
+    )
+    max_steps: int = field(default=400, metadata={"help": "Optimizer steps per model."})
+    learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate (linear warm-up, cosine decay)."})
+    warmup_steps: int = field(default=20, metadata={"help": "Warm-up steps."})
+    eval_documents: int | None = field(
+        default=None, metadata={"help": "Evaluate on only the first N held-out documents (None: every one)."}
+    )
+    seed: int = field(default=0, metadata={"help": "Random seed."})
+    train_files: Sequence[str] = field(
+        default_factory=tuple,
+        metadata={"help": "Text files to fine-tune on instead of the standard library's train modules."},
+    )
+    test_files: Sequence[str] = field(
+        default_factory=tuple,
+        metadata={"help": "Text files to evaluate on instead of the standard library's test modules."},
+    )
+
+    def __post_init__(self):
+        for name in ("baseline_overlap_fractions", "recurrent_overlap_fractions"):
+            bad = [f for f in getattr(self, name) if not 0 <= f < 1]
+            if bad:
+                raise UsageError(f"{name} must lie in [0, 1), got {bad}")
+        for name in ("block_tokens", "batch_size", "max_steps"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"{name} must be at least 1, got {name}={getattr(self, name)}")
+        too_long = [t for t in self.window_sizes if t < 2 or t > self.block_tokens]
+        if too_long:
+            raise UsageError(f"window_sizes must lie in [2, block_tokens={self.block_tokens}], got {too_long}")
+        if self.eval_documents is not None and self.eval_documents < 1:
+            raise UsageError(
+                f"eval_documents must be at least 1 (or unset, for every held-out document), got "
+                f"eval_documents={self.eval_documents}"
+            )
+        for name in ("baseline_overlap_fractions", "recurrent_overlap_fractions"):
+            for window_size in self.window_sizes:
+                # The overlap is rounded to whole tokens and must leave at least one new token per window.
+                bad = [f for f in getattr(self, name) if overlap_tokens(window_size, f) >= window_size]
+                if bad:
+                    raise UsageError(
+                        f"{name}={bad} round to an overlap of {window_size} tokens at window size {window_size}, "
+                        f"leaving no new token per window; fractions must be below {(window_size - 0.5) / window_size:.4g} "
+                        "at that window size"
+                    )
+
+    def check_model(self, config: PreTrainedConfig) -> None:
+        """Refuse a model that is not a GPT-2, and window sizes the model at `model_name_or_path` (of `config`) cannot
+        read, before any training."""
+        if config.model_type != "gpt2":
+            raise UsageError(
+                f"--model_name_or_path {self.model_name_or_path}: a {config.model_type} checkpoint; this reproduction "
+                "fine-tunes a GPT-2 (model_type gpt2: unset for the embedded default, gpt2 from the Hub, or a GPT-2 "
+                "folder). Other decoders: --preset smollm2 --model_name_or_path FOLDER_OR_GGUF"
+            )
+        too_long = [t for t in self.window_sizes if t > config.n_positions]
+        if too_long:
+            raise UsageError(
+                f"window_sizes={too_long} exceed the position table of {self.model_name_or_path or 'the default model'}"
+                f" (n_positions={config.n_positions}); window sizes must lie in [2, {config.n_positions}]"
+            )
+        # The recurrent models' own rules (insertion layer, overlap against the window), from their config.
+        for window_size in self.window_sizes:
+            for fraction in self.recurrent_overlap_fractions:
+                RecurrentGPT2Config.from_dict(
+                    {**config.to_dict(), "model_type": "recurrent_gpt2"},
+                    window_size=window_size,
+                    window_overlap=overlap_tokens(window_size, fraction),
+                )
+
+
+def overlap_tokens(window_size: int, fraction: float) -> int:
+    return round(window_size * fraction)
+
+
+# Windows per forward for the baseline: small windows of a small model are otherwise dominated by per-call overhead.
+BASELINE_EVAL_BATCH = 64
+
+
+def evaluate_row(model, documents, name: str, window_size: int, overlap: int, batch_size: int = 8, **extra) -> dict:
+    result = windowed_perplexity(model, documents, window_size, overlap, batch_size=batch_size)
+    row = {"model": name, **result.to_dict(), **extra}
+    print(f"  {name:<10} window {window_size:>4} overlap {overlap:>4}: perplexity {result.perplexity:.2f}")
+    return row
+
+
+def reproduce(
+    settings: ReproductionSettings, output_dir: Path, *, overwrite: bool = False, caveat: str | None = None
+) -> list[dict]:
+    """Run the comparison; writes `results.json`, `results.md` and `perplexity_vs_flops.png` to `output_dir`.
+
+    The model, the settings against it and `output_dir` (empty unless `overwrite`) are checked before any training;
+    results.json and results.md are rewritten after each evaluation, so a later failure loses nothing finished. The
+    plan is printed first, and each training as it starts with an estimate of the time left (`RunProgress`).
+    `caveat`: a line said up front, first in the findings and in results.json (e.g. that a preset's numbers mean
+    nothing).
+    """
+    start = time.perf_counter()
+    source = settings.model_name_or_path or str(default_model_path())
+    settings.check_model(AutoConfig.from_pretrained(source))
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    train_texts = [text for _, text in read_documents(settings.train_files, "train")]
+    test_docs = read_documents(settings.test_files, "test")[: settings.eval_documents]
+    stream = token_stream(train_texts, tokenizer)
+    test_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for _, text in test_docs]
+    print(
+        f"Model {source}; training stream {len(stream):,} tokens from {len(train_texts)} documents; held-out "
+        f"{sum(map(len, test_ids)):,} tokens in {len(test_docs)} documents ({', '.join(n for n, _ in test_docs)})"
+    )
+    prepare_output_dir(output_dir, REPORT_FILES, writer="hf-recurrence reproduce", overwrite=overwrite)
+    header = {"caveat": caveat} if caveat else {}
+    progress = RunProgress(
+        [f"{model} at window {t}" for t in settings.window_sizes for model, _ in trained_models(settings, t)],
+        settings.max_steps,
+    )
+    evaluations = len(settings.window_sizes) * (
+        len(settings.baseline_overlap_fractions) + len(settings.recurrent_overlap_fractions)
+    )
+    print(progress.plan(evaluations))
+    if caveat:
+        print(caveat)
+    rows = []
+
+    def record(row: dict) -> None:
+        rows.append(row)
+        write_report(output_dir, rows, finished=False, **report_header(settings, source, start), **header)
+
+    for window_size in settings.window_sizes:
+        print(
+            f"[window {window_size}] blocks of {settings.block_tokens // window_size} windows, {settings.max_steps} "
+            "steps per model"
+        )
+        for model, overlap in trained_models(settings, window_size):
+            train_and_evaluate(model, window_size, overlap, settings, source, stream, test_ids, record, progress.start)
+
+    summary = ([caveat] if caveat else []) + findings(rows)
+    table = write_report(output_dir, rows, summary, finished=True, **report_header(settings, source, start), **header)
+    plot_perplexity_vs_flops(rows, output_dir / "perplexity_vs_flops.png")
+    finish_output_dir(output_dir)
+    print("\n" + table + "\n")
+    for line in summary:
+        print(line)
+    print(f"\n{(time.perf_counter() - start) / 60:.1f} minutes; results, table and plot in {output_dir}")
+    return rows
+
+
+def trained_models(settings: ReproductionSettings, window_size: int) -> list[tuple[str, int | None]]:
+    """The models trained at `window_size`, in order: the baseline, then a recurrent model at each overlap (tokens)."""
+    recurrent = [("recurrent", overlap_tokens(window_size, f)) for f in settings.recurrent_overlap_fractions]
+    return [("baseline", None), *recurrent]
+
+
+def train_and_evaluate(
+    model_name: str,
+    window_size: int,
+    overlap: int | None,
+    settings: ReproductionSettings,
+    source: str,
+    stream: list[int],
+    test_ids: list[list[int]],
+    record: Callable[[dict], None],
+    start_training: Callable[[str], TrainerCallback],
+) -> None:
+    """Fine-tune one model from `source` at `window_size` on the same stream as every other, and `record` its
+    evaluations: the baseline (`overlap` None) reads every block's windows independently and is evaluated at every
+    baseline overlap, a recurrent model is trained and evaluated at `overlap`."""
+    windows_per_block = settings.block_tokens // window_size
+    pace = start_training(f"{model_name} at window {window_size}")
+    if overlap is None:
+        model = GPT2LMHeadModel.from_pretrained(source)
+        block_size = windows_per_block * window_size
+        collator = WindowedBlocksCollator(window_size)
+        overlaps = [overlap_tokens(window_size, f) for f in settings.baseline_overlap_fractions]
+        batch_size = BASELINE_EVAL_BATCH
+    else:
+        model = RecurrentGPT2LMHeadModel.from_pretrained(source, window_size=window_size, window_overlap=overlap)
+        block_size = window_size + (windows_per_block - 1) * (window_size - overlap)
+        collator, overlaps, batch_size = None, [overlap], 8
+    train_loss = fine_tune(model, TokenBlocks(stream, block_size), settings, collator=collator, callbacks=[pace])
+    tokens = settings.max_steps * settings.batch_size * block_size
+    for read_overlap in overlaps:
+        record(
+            evaluate_row(
+                model,
+                test_ids,
+                model_name,
+                window_size,
+                read_overlap,
+                batch_size=batch_size,
+                train_loss=train_loss,
+                tokens=tokens,
+            )
+        )
+
+
+def report_header(settings, source: str, start: float) -> dict:
+    """What a reproduction's results.json says before its rows: the settings, the model and the minutes so far."""
+    return {"settings": asdict(settings), "source": source, "minutes": (time.perf_counter() - start) / 60}
+
+
+def findings(rows: list[dict]) -> list[str]:
+    """The paper's two claims checked on these numbers, one line per recurrent model."""
+    lines = []
+    for row in (r for r in rows if r["model"] == "recurrent"):
+        baselines = sorted(
+            (r for r in rows if r["model"] == "baseline" and r["window_size"] == row["window_size"]),
+            key=lambda r: r["overlap"],
+        )
+        same = next((b for b in baselines if b["overlap"] == row["overlap"]), None)
+        if same is not None:
+            change = 100 * (row["perplexity"] / same["perplexity"] - 1)
+            lines.append(
+                f"window {row['window_size']}, overlap {row['overlap']}: recurrent {row['perplexity']:.2f} vs baseline "
+                f"{same['perplexity']:.2f} ({change:+.1f}%)"
+            )
+        matched = next((b for b in baselines if b["perplexity"] <= row["perplexity"]), None)
+        if matched is None:
+            lines.append(
+                f"window {row['window_size']}: no baseline overlap up to {baselines[-1]['overlap']} reaches the "
+                f"recurrent model's {row['perplexity']:.2f} at overlap {row['overlap']}"
+            )
+        else:
+            # A family without an analytic FLOPs count (flops_per_token None) says so rather than a ratio.
+            counted = matched.get("flops_per_token") is not None and row.get("flops_per_token") is not None
+            cost = f"{matched['flops_per_token'] / row['flops_per_token']:.2f}x" if counted else "n/a"
+            lines.append(
+                f"window {row['window_size']}: the smallest baseline overlap at least as good as the recurrent model at "
+                f"overlap {row['overlap']} is {matched['overlap']} "
+                f"({math.floor(100 * matched['overlap'] / row['window_size'])}% of the window, {cost} the "
+                f"FLOPs/token): {matched['perplexity']:.2f} vs {row['perplexity']:.2f}"
+            )
+    return lines
