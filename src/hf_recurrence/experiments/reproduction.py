@@ -161,7 +161,7 @@ def reproduce(
     prepare_output_dir(output_dir, REPORT_FILES, writer="hf-recurrence reproduce", overwrite=overwrite)
     header = {"caveat": caveat} if caveat else {}
     progress = RunProgress(
-        [f"{model} at window {t}" for t in settings.window_sizes for model, _ in trained_models(settings, t)],
+        [training_name(*trained, t) for t in settings.window_sizes for trained in trained_models(settings, t)],
         settings.max_steps,
     )
     evaluations = len(settings.window_sizes) * (
@@ -201,6 +201,11 @@ def trained_models(settings: ReproductionSettings, window_size: int) -> list[tup
     return [("baseline", None), *recurrent]
 
 
+def training_name(model_name: str, overlap: int | None, window_size: int) -> str:
+    """How the progress lines name a training: "baseline at window 32", "recurrent at window 300, overlap 5"."""
+    return f"{model_name} at window {window_size}" + (f", overlap {overlap}" if overlap else "")
+
+
 def train_and_evaluate(
     model_name: str,
     window_size: int,
@@ -216,7 +221,7 @@ def train_and_evaluate(
     evaluations: the baseline (`overlap` None) reads every block's windows independently and is evaluated at every
     baseline overlap, a recurrent model is trained and evaluated at `overlap`."""
     windows_per_block = settings.block_tokens // window_size
-    pace = start_training(f"{model_name} at window {window_size}")
+    pace = start_training(training_name(model_name, overlap, window_size))
     if overlap is None:
         model = GPT2LMHeadModel.from_pretrained(source)
         block_size = windows_per_block * window_size
