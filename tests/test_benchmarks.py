@@ -12,10 +12,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from hf_recurrence.data import books as books_module
-from hf_recurrence.data import books_cache_dir
-
-from .common import REPO_ROOT, TINY_LLAMA, stdlib_tokenizer
+from .common import REPO_ROOT, TINY_LLAMA, austen_books_or_skip, stdlib_tokenizer
 
 
 BENCHMARKS = REPO_ROOT / "benchmarks"
@@ -103,9 +100,7 @@ def test_prefill_memory_runs_end_to_end(tmp_path):
 
 
 def test_window_start_reads_the_book_after_each_window_start_on_any_stock_model(tmp_path):
-    pytest.importorskip("rdata", reason="reading the R data files needs `pip install rdata`")
-    if not (books_cache_dir() / f"janeaustenr-{books_module.JANEAUSTENR_VERSION}").is_dir():
-        pytest.skip("the Austen books are not cached (tests/test_book_reproduction.py fetches them)")
+    austen_books_or_skip()
     tokenizer = stdlib_tokenizer()
     LlamaForCausalLM(LlamaConfig(**{**TINY_LLAMA, "vocab_size": len(tokenizer)})).save_pretrained(tmp_path / "llama")
     tokenizer.save_pretrained(tmp_path / "llama")

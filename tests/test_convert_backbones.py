@@ -17,6 +17,7 @@ from .common import (
     ACROSS_KERNELS,
     REPO_ROOT,
     TINY_BACKBONE,
+    installed_or_skip,
     run_isolated_python,
     stdlib_tokenizer,
     user_error,
@@ -179,17 +180,13 @@ def gguf_first_window_is_the_stock_model(gguf: Path, tmp_path: Path, options: li
 def test_the_smollm2_gguf_converts_into_the_core(tmp_path):
     from hf_recurrence.smollm2 import smollm2_gguf_path
 
-    try:
-        gguf = smollm2_gguf_path()
-    except FileNotFoundError as error:
-        pytest.skip(str(error))
+    gguf = installed_or_skip(smollm2_gguf_path)
     gguf_first_window_is_the_stock_model(gguf, tmp_path, ["--window_size", "64", "--insertion_layer", "2"], 64)
 
 
 @pytest.mark.slow
 def test_the_gemma3_270m_gguf_converts_into_the_core(tmp_path):
-    from hf_recurrence.gemma3 import GEMMA3_MODULE, gemma3_270m_gguf_path
+    from hf_recurrence.gemma3 import gemma3_270m_gguf_path
 
-    pytest.importorskip(GEMMA3_MODULE)
     options = ["--window_size", "64", "--window_overlap", "8", "--insertion_layer", "2"]
-    gguf_first_window_is_the_stock_model(gemma3_270m_gguf_path(), tmp_path, options, 64)
+    gguf_first_window_is_the_stock_model(installed_or_skip(gemma3_270m_gguf_path), tmp_path, options, 64)
