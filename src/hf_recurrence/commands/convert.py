@@ -31,7 +31,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedT
 from ..families import FAMILIES
 from ..models import RecurrentDecoderConfig, RecurrentLlamaConfig
 from ..models.recurrent_decoder.configuration_recurrent_decoder import PRE_ATTENTION_NORMS
-from ..outputs import MODEL_FOLDER_FILES, TRAINING_RUN_FILES, UsageError, finish_output_dir, prepare_output_dir
+from ..outputs import UsageError, finish_output_dir, prepare_output_dir, write_recorded
 from ..smollm2 import recurrent_decoder_from_gguf, recurrent_llama_from_gguf, require_gguf_reader
 from ..transfo_xl_conversion import convert_transfo_xl, is_legacy_checkpoint
 
@@ -218,9 +218,8 @@ def _convert_transfo_xl(args: argparse.Namespace, settings: dict) -> int:
         raise UsageError(f"--{', --'.join(given)} apply to decoder checkpoints, not to a TransfoXL one")
     with _unsafe_pickles_refused(args.model_name_or_path):
         model = convert_transfo_xl(args.model_name_or_path, segment_length=args.segment_length)
-    prepare_output_dir(
-        args.output_dir, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, writer=WRITER, overwrite=args.overwrite
-    )
+    # No name patterns: `_save` records each file before writing it, so only what a run recorded is ever removed.
+    prepare_output_dir(args.output_dir, (), writer=WRITER, overwrite=args.overwrite)
     _save(args.output_dir, model)
     config = model.config
     print(
@@ -246,9 +245,7 @@ def run(args: argparse.Namespace) -> int:
             model, tokenizer, new_tensors = _load_gguf(gguf, args.model_class, settings)
         else:
             model, tokenizer, new_tensors = _load_folder(args, settings)
-    prepare_output_dir(
-        args.output_dir, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, writer=WRITER, overwrite=args.overwrite
-    )
+    prepare_output_dir(args.output_dir, (), writer=WRITER, overwrite=args.overwrite)
     _save(args.output_dir, model, tokenizer)
     config = model.config
     family = (
@@ -278,12 +275,16 @@ def _unsafe_pickles_refused(source: str) -> Iterator[None]:
 
 
 def _save(output_dir: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
-    """Save the converted checkpoint, a failed write (a full disk) ending in one line, and record the folder as
-    convert's (see hf_recurrence.outputs)."""
-    try:
-        model.save_pretrained(output_dir)
+    """Save the converted checkpoint, each file recorded as convert's before it appears in `output_dir`, a failed
+    write (a full disk) ending in one line (see hf_recurrence.outputs)."""
+
+    def save(folder: Path) -> None:
+        model.save_pretrained(folder)
         if tokenizer is not None:
-            tokenizer.save_pretrained(output_dir)
+            tokenizer.save_pretrained(folder)
+
+    try:
+        write_recorded(output_dir, save)
     except (OSError, SafetensorError) as error:
         raise UsageError(
             f"cannot write the converted checkpoint to {output_dir}: {error}. Make room, then run the same command "
