@@ -32,10 +32,13 @@ from ..families import FAMILIES
 from ..models import RecurrentDecoderConfig, RecurrentLlamaConfig
 from ..models.recurrent_decoder.configuration_recurrent_decoder import PRE_ATTENTION_NORMS
 from ..outputs import UsageError, finish_output_dir, prepare_output_dir, write_recorded
-from ..smollm2 import recurrent_decoder_from_gguf, recurrent_llama_from_gguf, require_gguf_reader
+from ..smollm2 import recurrent_decoder_from_gguf, recurrent_llama_from_gguf, require_gguf_reader, require_whole_gguf
 from ..transfo_xl_conversion import convert_transfo_xl, is_legacy_checkpoint
+from .evaluate import check_finite_weights
 
 
+# What a source with NaN or inf weights (a damaged download; a damaged GGUF de-quantises to them) is told.
+DAMAGED = "the file is damaged: get it again"
 # What `convert` writes its output folder's manifest as (see hf_recurrence.outputs).
 WRITER = "hf-recurrence convert"
 # The files one of which a local tokenizer folder holds (a fast tokenizer, BPE vocabularies, SentencePiece, WordPiece).
@@ -201,6 +204,10 @@ def _load_gguf(gguf: Path, requested: str | None, settings: dict):
         raise UsageError(str(error)) from None
     if not gguf.is_file():
         raise UsageError(f"no GGUF file at {gguf}")
+    try:
+        require_whole_gguf(gguf)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     # The config alone (the file's header) decides the class, before the weights are read and de-quantised.
     model_type = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).model_type
     model_class = _model_class(str(gguf), model_type, requested, GGUF_SOURCES, settings)
@@ -218,6 +225,7 @@ def _convert_transfo_xl(args: argparse.Namespace, settings: dict) -> int:
         raise UsageError(f"--{', --'.join(given)} apply to decoder checkpoints, not to a TransfoXL one")
     with _unsafe_pickles_refused(args.model_name_or_path):
         model = convert_transfo_xl(args.model_name_or_path, segment_length=args.segment_length)
+    check_finite_weights(model, args.model_name_or_path, DAMAGED)
     # No name patterns: `_save` records each file before writing it, so only what a run recorded is ever removed.
     prepare_output_dir(args.output_dir, (), writer=WRITER, overwrite=args.overwrite)
     _save(args.output_dir, model)
@@ -245,6 +253,8 @@ def run(args: argparse.Namespace) -> int:
             model, tokenizer, new_tensors = _load_gguf(gguf, args.model_class, settings)
         else:
             model, tokenizer, new_tensors = _load_folder(args, settings)
+    # A damaged file can de-quantise to NaN or inf; the converted model would then only echo its prompt.
+    check_finite_weights(model, str(gguf or args.model_name_or_path), DAMAGED)
     prepare_output_dir(args.output_dir, (), writer=WRITER, overwrite=args.overwrite)
     _save(args.output_dir, model, tokenizer)
     config = model.config
