@@ -48,6 +48,17 @@ def test_convert_keeps_gpt2_and_adds_the_recurrence(gpt2_dir, tmp_path, capsys):
     torch.testing.assert_close(model(ids).logits, stock(ids).logits, **ACROSS_KERNELS)
 
 
+def test_convert_says_the_new_recurrence_is_untrained_and_what_to_do(gpt2_dir, tmp_path, capsys):
+    out = tmp_path / "recurrent"
+    assert main(["convert", str(gpt2_dir), str(out), "--window_size", "8", "--insertion_layer", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "The recurrence is untrained: past its first 8 tokens the model no longer sees the prompt" in printed
+    assert "Fine-tune it" in printed and "--window_size as long as the model's own context" in printed
+    # Re-windowing a recurrent checkpoint keeps its recurrence: nothing new to warn about.
+    assert main(["convert", str(out), str(tmp_path / "rewindowed"), "--window_size", "4"]) == 0
+    assert "untrained" not in capsys.readouterr().out
+
+
 def test_convert_rejects_a_bad_window_naming_it(gpt2_dir, tmp_path, capsys):
     error = user_error(capsys, ["convert", str(gpt2_dir), str(tmp_path / "out"), "--window_size", "99"])
     assert "window_size=99" in error

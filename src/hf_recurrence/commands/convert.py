@@ -39,6 +39,12 @@ from .evaluate import check_finite_weights
 
 # What a source with NaN or inf weights (a damaged download; a damaged GGUF de-quantises to them) is told.
 DAMAGED = "the file is damaged: get it again"
+# What a user meets next: until it is trained, the recurrence carries nothing useful from one window to the next.
+UNTRAINED_RECURRENCE = (
+    "The recurrence is untrained: past its first {window_size} tokens the model no longer sees the prompt (a chat "
+    "longer than a window gets answers off the topic). Fine-tune it (docs/guides/training.md) before relying on "
+    "context past a window, or convert with --window_size as long as the model's own context."
+)
 # What `convert` writes its output folder's manifest as (see hf_recurrence.outputs).
 WRITER = "hf-recurrence convert"
 # The files one of which a local tokenizer folder holds (a fast tokenizer, BPE vocabularies, SentencePiece, WordPiece).
@@ -268,6 +274,9 @@ def run(args: argparse.Namespace) -> int:
         f"insertion_layer={config.insertion_layer}) to {args.output_dir}; new weights: "
         f"{new_tensors} tensors of the recurrence module."
     )
+    if new_tensors:
+        # A recurrent checkpoint re-windowed keeps its trained recurrence.
+        print(UNTRAINED_RECURRENCE.format(window_size=config.window_size))
     return 0
 
 
