@@ -2,8 +2,10 @@
 
 import subprocess
 import sys
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import torch
@@ -11,11 +13,13 @@ from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerFast, TrainingArguments, pipeline
 
 from hf_recurrence import InductiveBertConfig, RecurrentGPT2Config, RecurrentLlamaConfig, TransformerXLConfig
-from hf_recurrence.data import python_stdlib_documents, train_byte_level_bpe
+from hf_recurrence.data import ensure_janeaustenr, python_stdlib_documents, train_byte_level_bpe
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SRC_ROOT = REPO_ROOT / "src"
+
+T = TypeVar("T")
 
 # For fp32 outputs of the same weights computed by different calls: a model against its reloaded copy (bit-identical
 # weights, but tensors read from safetensors can take another CPU kernel path, e.g. AVX-512 on AMD: ~1e-7 apart) or
@@ -140,6 +144,22 @@ def user_error(capsys, argv: list[str]) -> str:
 
 
 @cache
+def installed_or_skip(find: Callable[[], T]) -> T:
+    """What `find` returns (a model or data set that a package installs: `smollm2_gguf_path`, `gemma3_270m_gguf_path`,
+    `ensure_janeaustenr`), or the test skipped with the install line `find` raises where the package is absent, so
+    that the README's test command passes on a fresh machine (.ci/run installs them, and runs these tests)."""
+    try:
+        return find()
+    except (FileNotFoundError, ImportError) as error:
+        pytest.skip(str(error))
+
+
+def austen_books_or_skip() -> None:
+    """Skip unless the Austen novels can be read: `rdata` installed, r-cran-janeaustenr cached or fetched here."""
+    pytest.importorskip("rdata", reason="reading the R data files needs `pip install rdata`")
+    installed_or_skip(ensure_janeaustenr)
+
+
 def stdlib_tokenizer(vocab_size: int = 300) -> PreTrainedTokenizerFast:
     """A byte-level BPE trained on a few standard library modules (cached per session)."""
     return train_byte_level_bpe((text for _, text in python_stdlib_documents(limit=8)), vocab_size=vocab_size)

@@ -48,6 +48,17 @@ def test_convert_keeps_gpt2_and_adds_the_recurrence(gpt2_dir, tmp_path, capsys):
     torch.testing.assert_close(model(ids).logits, stock(ids).logits, **ACROSS_KERNELS)
 
 
+def test_convert_says_the_new_recurrence_is_untrained_and_what_to_do(gpt2_dir, tmp_path, capsys):
+    out = tmp_path / "recurrent"
+    assert main(["convert", str(gpt2_dir), str(out), "--window_size", "8", "--insertion_layer", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "The recurrence is untrained: past its first 8 tokens the model no longer sees the prompt" in printed
+    assert "Fine-tune it" in printed and "--window_size as long as the model's own context" in printed
+    # Re-windowing a recurrent checkpoint keeps its recurrence: nothing new to warn about.
+    assert main(["convert", str(out), str(tmp_path / "rewindowed"), "--window_size", "4"]) == 0
+    assert "untrained" not in capsys.readouterr().out
+
+
 def test_convert_rejects_a_bad_window_naming_it(gpt2_dir, tmp_path, capsys):
     error = user_error(capsys, ["convert", str(gpt2_dir), str(tmp_path / "out"), "--window_size", "99"])
     assert "window_size=99" in error
@@ -97,6 +108,43 @@ def test_convert_refuses_a_non_empty_folder_and_overwrite_replaces_only_its_own_
     assert "Removing what an earlier run of hf-recurrence convert wrote" in caplog.text
     assert sorted(path.name for path in out.iterdir()) == written
     assert RecurrentGPT2LMHeadModel.config_class.from_pretrained(out).window_size == 4
+
+
+@pytest.mark.parametrize("killed", ["while_saving", "before_finishing"])
+def test_overwrite_after_a_killed_convert_keeps_the_files_the_user_added_since(
+    killed, gpt2_dir, tmp_path, capsys, monkeypatch
+):
+    import transformers.modeling_utils
+
+    from hf_recurrence.commands import convert
+
+    def kill(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    argv = ["convert", str(gpt2_dir), str(tmp_path / "out"), "--window_size", "8", "--insertion_layer", "1"]
+    with monkeypatch.context() as patch:
+        if killed == "while_saving":
+            patch.setattr(transformers.modeling_utils, "safe_save_file", kill)
+        else:
+            patch.setattr(convert, "finish_output_dir", kill)
+        with pytest.raises(KeyboardInterrupt):
+            main(argv)
+    out = tmp_path / "out"
+    written = {path.name for path in out.iterdir()}
+    # What the user adds next: the names convert's own files match, which a killed run once took for its own.
+    (out / "runs" / "exp1").mkdir(parents=True)
+    user_files = {"train.py": "mine", "README.md": "notes", "paper_results.json": "{}", "runs/exp1/log": "step 1"}
+    for name, text in user_files.items():
+        (out / name).write_text(text)
+    error = user_error(capsys, [*argv, "--overwrite"])
+    assert "README.md, paper_results.json, runs, train.py" in error
+    assert {name: (out / name).read_text() for name in user_files} == user_files
+    assert written <= {path.name for path in out.iterdir()}
+
+    for name in ("train.py", "README.md", "paper_results.json", "runs/exp1/log", "runs/exp1", "runs"):
+        (out / name).unlink() if (out / name).is_file() else (out / name).rmdir()
+    assert main([*argv, "--overwrite"]) == 0
+    assert RecurrentGPT2LMHeadModel.from_pretrained(out).config.window_size == 8
 
 
 def test_convert_into_a_user_folder_is_refused_even_with_overwrite(gpt2_dir, tmp_path, capsys):

@@ -3,6 +3,7 @@ any supported model type becomes a checkpoint that loads with `AutoModelForCausa
 without the package) and whose first window is the stock model; an unsupported model type is refused in one line.
 The real SmolLM2 and Gemma 3 270M GGUF files are converted by the slow tests."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,10 @@ from hf_recurrence.models.recurrent_decoder.configuration_recurrent_decoder impo
 
 from .common import (
     ACROSS_KERNELS,
+    GQA,
     REPO_ROOT,
     TINY_BACKBONE,
+    installed_or_skip,
     run_isolated_python,
     stdlib_tokenizer,
     user_error,
@@ -179,17 +182,86 @@ def gguf_first_window_is_the_stock_model(gguf: Path, tmp_path: Path, options: li
 def test_the_smollm2_gguf_converts_into_the_core(tmp_path):
     from hf_recurrence.smollm2 import smollm2_gguf_path
 
-    try:
-        gguf = smollm2_gguf_path()
-    except FileNotFoundError as error:
-        pytest.skip(str(error))
+    gguf = installed_or_skip(smollm2_gguf_path)
     gguf_first_window_is_the_stock_model(gguf, tmp_path, ["--window_size", "64", "--insertion_layer", "2"], 64)
 
 
 @pytest.mark.slow
 def test_the_gemma3_270m_gguf_converts_into_the_core(tmp_path):
-    from hf_recurrence.gemma3 import GEMMA3_MODULE, gemma3_270m_gguf_path
+    from hf_recurrence.gemma3 import gemma3_270m_gguf_path
 
-    pytest.importorskip(GEMMA3_MODULE)
     options = ["--window_size", "64", "--window_overlap", "8", "--insertion_layer", "2"]
-    gguf_first_window_is_the_stock_model(gemma3_270m_gguf_path(), tmp_path, options, 64)
+    gguf_first_window_is_the_stock_model(installed_or_skip(gemma3_270m_gguf_path), tmp_path, options, 64)
+
+
+def write_tiny_llama_gguf(path: Path) -> Path:
+    """A tiny Llama as a float32 GGUF file (~150 KB) with the tests' byte-level BPE tokenizer, written with the `gguf`
+    package: what the GGUF tests need without the 93 MB SmolLM2 file."""
+    gguf = pytest.importorskip("gguf")
+    tokenizer = json.loads(stdlib_tokenizer().backend_tokenizer.to_str())["model"]
+    tokens = sorted(tokenizer["vocab"], key=tokenizer["vocab"].get)
+    shape = {**TINY_BACKBONE, **GQA}
+    hidden, heads, kv_heads = shape["hidden_size"], shape["num_attention_heads"], shape["num_key_value_heads"]
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(64)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(shape["num_hidden_layers"])
+    writer.add_feed_forward_length(shape["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_dimension_count(hidden // heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * len(tokens))
+    writer.add_token_merges([" ".join(merge) for merge in tokenizer["merges"]])
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(0)
+    generator = torch.Generator().manual_seed(0)
+    kv_width, ffn = hidden // heads * kv_heads, shape["intermediate_size"]
+    shapes = {"token_embd": (len(tokens), hidden)}
+    for layer in range(shape["num_hidden_layers"]):
+        block = f"blk.{layer}."
+        shapes |= {block + "attn_norm": (hidden,), block + "ffn_norm": (hidden,), block + "attn_q": (hidden, hidden)}
+        shapes |= {block + "attn_k": (kv_width, hidden), block + "attn_v": (kv_width, hidden)}
+        shapes |= {block + "attn_output": (hidden, hidden), block + "ffn_gate": (ffn, hidden)}
+        shapes |= {block + "ffn_up": (ffn, hidden), block + "ffn_down": (hidden, ffn)}
+    # The output head last: the end of the file is its data.
+    shapes |= {"output_norm": (hidden,), "output": (len(tokens), hidden)}
+    for name, size in shapes.items():
+        values = torch.ones(size) if len(size) == 1 else torch.randn(size, generator=generator) * 0.1
+        writer.add_tensor(f"{name}.weight", values.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_tiny_llama_gguf_converts_into_the_core(tmp_path):
+    gguf = write_tiny_llama_gguf(tmp_path / "tiny.gguf")
+    gguf_first_window_is_the_stock_model(gguf, tmp_path, ["--window_size", "8", "--insertion_layer", "1"], 8)
+
+
+def test_a_gguf_that_de_quantises_to_non_finite_weights_is_refused_naming_the_tensor(tmp_path, capsys):
+    gguf = write_tiny_llama_gguf(tmp_path / "damaged.gguf")
+    with gguf.open("r+b") as file:
+        # 4 KB of 0xff at the end, in the output head's float32 data: NaN.
+        file.seek(-4096, 2)
+        file.write(b"\xff" * 4096)
+    error = user_error(capsys, ["convert", str(gguf), str(tmp_path / "out"), "--window_size", "8"])
+    assert (
+        f"{gguf} has non-finite weights (NaN or inf) in " in error and "lm_head.weight; the file is damaged" in error
+    )
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kept", [0.02, 0.5, 0.999], ids=["in_the_header", "in_the_weights", "at_the_end"])
+def test_a_truncated_gguf_is_one_line_naming_the_file(kept, tmp_path, capsys):
+    gguf = write_tiny_llama_gguf(tmp_path / "cut.gguf")
+    data = gguf.read_bytes()
+    gguf.write_bytes(data[: int(len(data) * kept)])
+    error = user_error(capsys, ["convert", str(gguf), str(tmp_path / "out"), "--window_size", "8"])
+    assert f"{gguf} ({gguf.stat().st_size:,} bytes) is truncated" in error
+    assert not (tmp_path / "out").exists()

@@ -17,12 +17,12 @@ import torch
 lm_eval = pytest.importorskip("lm_eval")
 
 from lm_eval.tasks import TaskManager  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
+from transformers import AutoConfig, AutoTokenizer  # noqa: E402
 
-from hf_recurrence import RecurrentGPT2LMHeadModel  # noqa: E402
+from hf_recurrence import RecurrentDecoderConfig, RecurrentDecoderForCausalLM, RecurrentGPT2LMHeadModel  # noqa: E402
 from hf_recurrence.integrations.lm_eval import UNBOUNDED_CONTEXT, RecurrentHFLM  # noqa: E402
 
-from .common import SRC_ROOT, tiny_recurrent_config  # noqa: E402
+from .common import GQA, SRC_ROOT, TINY_BACKBONE, TINY_RECURRENCE, tiny_recurrent_config  # noqa: E402
 from .families import STATEFUL_FAMILIES  # noqa: E402
 
 
@@ -57,15 +57,15 @@ def setup(tmp_path_factory) -> dict:
     ids = torch.tensor([[tokenizer.eos_token_id, *tokenizer(text)["input_ids"]]])  # lm-eval's rolling prefix: EOT
     with torch.no_grad():
         one_shot = model(ids).logits[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None]).sum().item()
-    return {"root": root, "model": str(root / "model"), "tokens": ids.shape[1] - 1, "one_shot": one_shot}
+    return {"root": root, "model": str(root / "model"), "text": text, "tokens": ids.shape[1] - 1, "one_shot": one_shot}
 
 
-def _document_loglikelihood(setup: dict, model: str, monkeypatch) -> float:
+def _document_loglikelihood(setup: dict, model: str, monkeypatch, pretrained: Path | None = None) -> float:
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     results = lm_eval.simple_evaluate(
         model=model,
-        model_args=f"pretrained={setup['model']}",
+        model_args=f"pretrained={pretrained or setup['model']}",
         tasks=["local_document"],
         task_manager=TaskManager(include_path=str(setup["root"] / "tasks")),
         log_samples=True,
@@ -83,6 +83,22 @@ def test_the_whole_document_is_scored_in_one_pass_as_the_one_shot_forward(setup,
     # (The tiny model is random, so context changes its scores little; still far outside the tolerance above.)
     chunked = _document_loglikelihood(setup, "hf", monkeypatch)
     assert chunked != pytest.approx(setup["one_shot"], rel=1e-5)
+
+
+def test_the_recurrence_core_scores_a_document_as_its_own_whole_document_loss(setup, tmp_path, monkeypatch):
+    # What `convert` makes of a Qwen2/3, Mistral, Gemma, Phi-3, OLMo 2 or SmolLM3 checkpoint; refused before.
+    tokenizer = AutoTokenizer.from_pretrained(DEFAULT_MODEL)
+    backbone = AutoConfig.for_model("qwen2", **{**TINY_BACKBONE, **GQA, "vocab_size": len(tokenizer)})
+    torch.manual_seed(0)
+    model = RecurrentDecoderForCausalLM(RecurrentDecoderConfig(text_config=backbone, **TINY_RECURRENCE)).eval()
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    ids = torch.tensor([[tokenizer.eos_token_id, *tokenizer(setup["text"])["input_ids"]]])
+    with torch.no_grad():
+        own_loss = -model(ids, labels=ids).loss.item() * (ids.shape[1] - 1)
+    assert ids.shape[1] > 50 * model.config.window_size
+    score = _document_loglikelihood(setup, "hf-recurrence", monkeypatch, pretrained=tmp_path)
+    assert score == pytest.approx(own_loss, rel=1e-5)
 
 
 def test_the_command_line_runs_with_the_model_registered(setup):

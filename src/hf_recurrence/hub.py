@@ -46,6 +46,7 @@ CHECKPOINT_FILES = (
 PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.pkl", "*.pickle", "*.ckpt")
 # Why a symlink is left out: uploading reads its target, and a link to ~/.bashrc would publish it.
 OUTSIDE_LINK = "a symlink pointing out of the folder"
+LOOPED_LINK = "a symlink loop, which points at no file"
 # The safetensors metadata key of a saved recurrent state (the models' `_STATE_HEADER_KEY`).
 STATE_HEADER_KEY = "hf_recurrence_state"
 
@@ -242,8 +243,8 @@ def files_to_push(folder: str | os.PathLike, include: Sequence[str] = ()) -> Pus
     PEFT's adapter files, tokenizer files, the model card) and the weight shards the index names; and any file whose
     path in the folder matches an `include` glob pattern. A saved recurrent state holds the text the model read: it
     goes up only when an `include` entry is its exact path. Never uploaded: a pickle (`PICKLE_PATTERNS`), a hidden
-    file, a symlink that points out of the folder. Raises `UsageError` for a folder without config.json or without
-    safetensors weights.
+    file, a symlink that points out of the folder or into a loop. Raises `UsageError` for a folder without config.json
+    or without safetensors weights.
     """
     folder = Path(folder)
     if not (folder / "config.json").is_file():
@@ -257,7 +258,13 @@ def files_to_push(folder: str | os.PathLike, include: Sequence[str] = ()) -> Pus
         name = relative.as_posix()
         if any(part.startswith(".") for part in relative.parts):
             continue
-        if not path.resolve().is_relative_to(root) or not path.exists():
+        try:
+            target = path.resolve()
+        except (RuntimeError, OSError):
+            # A symlink loop (RuntimeError before Python 3.13, OSError since): there is no file to upload.
+            left_out[path] = LOOPED_LINK
+            continue
+        if not target.is_relative_to(root) or not path.exists():
             left_out[path] = OUTSIDE_LINK
         elif not path.is_file():
             # A link to a folder inside this one: its files are listed under their own paths.

@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
@@ -89,8 +89,10 @@ def prepare_output_dir(
     the manifest that marks the folder as `writer`'s; call `finish_output_dir` when the run is done.
 
     A folder that holds anything is refused unless `overwrite`; with it, only a folder that an earlier run of
-    `writer` left is accepted, and what that run recorded is removed: the entries its manifest lists if it finished,
-    else those matching the glob patterns `owned`; temporary files of killed writes go too. Anything else in the
+    `writer` left is accepted, and what that run recorded is removed: the entries its manifest lists, and if it did
+    not finish, those matching the glob patterns `owned` too (a writer that records each entry before writing it,
+    through `write_recorded`, passes none, so that a file the user added after a killed run is never taken for the
+    run's); temporary files of killed writes go too. Anything else in the
     folder is refused by name. Call it after every other check and before any work, so that a refusal costs nothing.
     Raises `UsageError` naming the folder and `option`, the way out.
     """
@@ -119,11 +121,10 @@ def _remove_earlier_run(path: Path, entries: list[str], owned: Sequence[str], wr
             f"{option} replaces only what an earlier run of {writer} wrote, and output folder {path} was written by "
             f"{by}; choose another folder, or empty it yourself"
         )
-    if manifest.get("finished"):
-        ours = set(manifest.get("entries", []))
-    else:
-        # The run stopped before recording what it wrote: everything it writes matches `owned`.
-        ours = {name for name in entries if any(fnmatch(name, pattern) for pattern in owned)}
+    ours = set(manifest.get("entries", []))
+    if not manifest.get("finished"):
+        # The run stopped before recording all it wrote: everything it writes unrecorded matches `owned`.
+        ours |= {name for name in entries if any(fnmatch(name, pattern) for pattern in owned)}
     ours |= {MANIFEST_NAME, *(name for name in entries if name.startswith(TEMPORARY_PREFIX))}
     foreign = [name for name in entries if name not in ours]
     if foreign:
@@ -158,6 +159,24 @@ def finish_output_dir(path: str | os.PathLike) -> None:
         if entry.name != MANIFEST_NAME and not entry.name.startswith(TEMPORARY_PREFIX)
     )
     write_atomically(path / MANIFEST_NAME, json.dumps({**manifest, "finished": True, "entries": entries}))
+
+
+def write_recorded(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
+    """Run `write(folder)` into a temporary folder inside `path`, record the entries it wrote in the manifest of
+    `path` (left by `prepare_output_dir`), then move them into `path`: each entry is recorded before it appears
+    there, so `--overwrite` after a killed run removes exactly what the run wrote, and refuses what the user added."""
+    path = Path(path)
+    staging = Path(tempfile.mkdtemp(dir=path, prefix=TEMPORARY_PREFIX))
+    try:
+        write(staging)
+        names = sorted(entry.name for entry in staging.iterdir())
+        manifest = _read_manifest(path) or {}
+        recorded = sorted({*manifest.get("entries", []), *names})
+        write_atomically(path / MANIFEST_NAME, json.dumps({**manifest, "entries": recorded}))
+        for name in names:
+            os.replace(staging / name, path / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def write_atomically(path: str | os.PathLike, text: str) -> None:

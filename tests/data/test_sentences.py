@@ -10,6 +10,8 @@ from hf_recurrence.data import (
     split_sentences,
 )
 
+from ..common import installed_or_skip
+
 
 TEXT = """Heading
 *******
@@ -36,10 +38,7 @@ def test_split_sentences():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    try:
-        return minilm_tokenizer()
-    except FileNotFoundError as error:
-        pytest.skip(str(error))
+    return installed_or_skip(minilm_tokenizer)
 
 
 def test_pydoc_length_split(tokenizer):

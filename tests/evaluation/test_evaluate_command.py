@@ -215,3 +215,15 @@ def test_a_model_with_non_finite_weights_is_refused_by_name(saved_models, tmp_pa
     argv = ["evaluate", str(tmp_path / "broken"), "--windows", "8", *STDLIB_DOCUMENT]
     error = user_error(capsys, [*argv, "--output_dir", str(tmp_path / "out")])
     assert "has non-finite weights (NaN or inf) in transformer.h.1.mlp.c_fc.weight" in error
+
+
+def test_a_tokenizer_with_ids_past_the_models_vocabulary_is_refused_in_one_line(saved_models, tmp_path, capsys):
+    root, models, tokenizer = saved_models
+    small = GPT2LMHeadModel(GPT2Config(**{**TINY_GPT2, "vocab_size": 50}))
+    small.save_pretrained(tmp_path / "small")
+    argv = ["evaluate", str(tmp_path / "small"), "--tokenizer", str(root / "baseline"), "--windows", "8"]
+    error = user_error(capsys, [*argv, *STDLIB_DOCUMENT, "--output_dir", str(tmp_path / "out")])
+    assert (
+        f"MODEL {tmp_path / 'small'} has a vocabulary of 50 tokens, but the tokenizer of {root / 'baseline'}" in error
+    )
+    assert not (tmp_path / "out").exists()

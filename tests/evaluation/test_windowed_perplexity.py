@@ -175,6 +175,19 @@ def test_transformer_xl_is_read_with_its_memory_and_equals_its_own_loss(transfor
     assert abs(independent / result.num_tokens - result.nll) > 0.01
 
 
+@pytest.mark.parametrize("family", ["recurrent_gpt2", "transformer_xl"])
+def test_the_state_is_passed_under_the_installed_transformers_name(family, transformer_xl, monkeypatch):
+    # transformers 5.24 warns once per process that `past_key_values` is deprecated: record every call instead.
+    from transformers.utils import generic
+
+    warned = []
+    monkeypatch.setattr(generic.logger, "warning_once", lambda message, *args: warned.append(message))
+    model = transformer_xl if family == "transformer_xl" else RecurrentGPT2LMHeadModel(tiny_recurrent_config()).eval()
+    documents = [torch.randint(1, 99, (length,)) for length in (23, 40)]
+    windowed_perplexity(model, documents, batch_size=2, show_progress=False)
+    assert not [message for message in warned if "deprecated" in message]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "named"),
     [({"window_size": 16}, r"window_size=16 .*segment_length=8"), ({"overlap": 2}, r"overlap=2 .*mem_len=6")],

@@ -16,14 +16,14 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaFor
 
 from hf_recurrence.cli import main
 from hf_recurrence.commands.reproduce import BOOK_PRESETS
-from hf_recurrence.data import WindowedBlocksCollator, books_cache_dir
+from hf_recurrence.data import WindowedBlocksCollator
 from hf_recurrence.data import books as books_module
 from hf_recurrence.evaluation import WindowPrefixed, flops_per_token, windowed_perplexity
 from hf_recurrence.experiments import book_reproduction
 from hf_recurrence.experiments.book_reproduction import BookReproductionSettings
 from hf_recurrence.outputs import UsageError
 
-from ..common import REPO_ROOT, TINY_BACKBONE, TINY_LLAMA, stdlib_tokenizer
+from ..common import REPO_ROOT, TINY_BACKBONE, TINY_LLAMA, austen_books_or_skip, stdlib_tokenizer
 from ..families import BACKBONES
 
 
@@ -32,10 +32,7 @@ EXPERIMENTS = REPO_ROOT / "experiments"
 
 @pytest.fixture(scope="module")
 def books_available():
-    pytest.importorskip("rdata", reason="reading the R data files needs `pip install rdata`")
-    cached = (books_cache_dir() / f"janeaustenr-{books_module.JANEAUSTENR_VERSION}").is_dir()
-    if not cached and not (shutil.which("apt-get") and shutil.which("dpkg")):
-        pytest.skip("r-cran-janeaustenr is not cached and apt-get/dpkg are unavailable to download it")
+    austen_books_or_skip()
 
 
 @pytest.fixture(scope="module")

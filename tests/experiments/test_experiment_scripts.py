@@ -2,20 +2,14 @@
 Llama, and the drivers of another program refuse a dtype it does not run in. `tests/test_benchmarks.py` checks that
 every script takes --device and --dtype and that docs/experiments/ is what the recorded results render to."""
 
-import pytest
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from hf_recurrence.data import books as books_module
-from hf_recurrence.data import books_cache_dir
-
-from ..common import TINY_LLAMA, stdlib_tokenizer
+from ..common import TINY_LLAMA, austen_books_or_skip, stdlib_tokenizer
 from ..scripts import EXPERIMENTS, exit_of, run_script, written
 
 
 def test_window_start_reads_the_book_after_each_window_start_on_any_stock_model(tmp_path):
-    pytest.importorskip("rdata", reason="reading the R data files needs `pip install rdata`")
-    if not (books_cache_dir() / f"janeaustenr-{books_module.JANEAUSTENR_VERSION}").is_dir():
-        pytest.skip("the Austen books are not cached (tests/experiments/test_book_reproduction.py fetches them)")
+    austen_books_or_skip()
     tokenizer = stdlib_tokenizer()
     LlamaForCausalLM(LlamaConfig(**{**TINY_LLAMA, "vocab_size": len(tokenizer)})).save_pretrained(tmp_path / "llama")
     tokenizer.save_pretrained(tmp_path / "llama")

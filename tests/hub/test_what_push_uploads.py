@@ -127,3 +127,16 @@ def test_push_uploads_exactly_the_checkpoint_and_says_so_first(tmp_path, caplog,
     assert not {"state.safetensors", "tokenizer.model"} & set(HfApi().list_repo_files("alice/included"))
     assert main(["push", str(folder), "alice/with-state", "--include", "state.safetensors"]) == 0
     assert "state.safetensors" in HfApi().list_repo_files("alice/with-state")
+
+
+def test_a_symlink_loop_in_the_folder_is_left_out_by_name(tmp_path, caplog):
+    folder = tmp_path / "model"
+    RecurrentGPT2LMHeadModel(tiny_recurrent_config()).save_pretrained(folder)
+    (folder / "a").symlink_to("b")
+    (folder / "b").symlink_to("a")
+    (folder / "itself").symlink_to("itself")
+    with caplog.at_level(logging.WARNING, logger="hf_recurrence.hub"):
+        assert main(["push", str(folder), "alice/looped"]) == 0
+    (left_out,) = [record.getMessage() for record in caplog.records if "Not uploaded" in record.getMessage()]
+    assert "(a symlink loop, which points at no file): a, b, itself" in left_out
+    assert "model.safetensors" in HfApi().list_repo_files("alice/looped")

@@ -11,6 +11,8 @@ import torch
 from hf_recurrence.weights import gemma3
 from hf_recurrence.weights.gemma3 import GEMMA3_GGUF_BYTES, GEMMA3_GGUF_NAME, gemma3_270m_gguf_path, load_gemma3_270m
 
+from .common import installed_or_skip
+
 
 @pytest.fixture
 def fake_assembler(monkeypatch):
@@ -81,10 +83,10 @@ def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
 def test_real_gemma3_270m_is_a_pretrained_base_model(tmp_path_factory):
     """Assembles the real GGUF and loads it: the stock Gemma 3 text model, and a language model that predicts real
     English prose far better than chance (perplexity measured 14.1 on these tokens; chance is 262,144)."""
-    pytest.importorskip(gemma3.GEMMA3_MODULE)
     from transformers import AutoTokenizer
 
-    path = gemma3_270m_gguf_path(tmp_path_factory.mktemp("cache"))
+    cache = tmp_path_factory.mktemp("cache")
+    path = installed_or_skip(lambda: gemma3_270m_gguf_path(cache))
     model = load_gemma3_270m(path.parent).eval()
     assert model.config.model_type == "gemma3_text" and model.config.num_hidden_layers == 18
     assert model.config.sliding_window == 512 and model.config.num_key_value_heads == 1

@@ -31,11 +31,25 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedT
 from ..families import FAMILIES
 from ..models import RecurrentDecoderConfig, RecurrentLlamaConfig
 from ..models.recurrent_decoder.configuration_recurrent_decoder import PRE_ATTENTION_NORMS
-from ..outputs import MODEL_FOLDER_FILES, TRAINING_RUN_FILES, UsageError, finish_output_dir, prepare_output_dir
+from ..outputs import UsageError, finish_output_dir, prepare_output_dir, write_recorded
 from ..transfo_xl_conversion import convert_transfo_xl, is_legacy_checkpoint
-from ..weights.gguf import recurrent_decoder_from_gguf, recurrent_llama_from_gguf, require_gguf_reader
+from ..weights.gguf import (
+    recurrent_decoder_from_gguf,
+    recurrent_llama_from_gguf,
+    require_gguf_reader,
+    require_whole_gguf,
+)
+from .evaluate import check_finite_weights
 
 
+# What a source with NaN or inf weights (a damaged download; a damaged GGUF de-quantises to them) is told.
+DAMAGED = "the file is damaged: get it again"
+# What a user meets next: until it is trained, the recurrence carries nothing useful from one window to the next.
+UNTRAINED_RECURRENCE = (
+    "The recurrence is untrained: past its first {window_size} tokens the model no longer sees the prompt (a chat "
+    "longer than a window gets answers off the topic). Fine-tune it (docs/guides/training.md) before relying on "
+    "context past a window, or convert with --window_size as long as the model's own context."
+)
 # What `convert` writes its output folder's manifest as (see hf_recurrence.outputs).
 WRITER = "hf-recurrence convert"
 # The files one of which a local tokenizer folder holds (a fast tokenizer, BPE vocabularies, SentencePiece, WordPiece).
@@ -201,6 +215,10 @@ def _load_gguf(gguf: Path, requested: str | None, settings: dict):
         raise UsageError(str(error)) from None
     if not gguf.is_file():
         raise UsageError(f"no GGUF file at {gguf}")
+    try:
+        require_whole_gguf(gguf)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     # The config alone (the file's header) decides the class, before the weights are read and de-quantised.
     model_type = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).model_type
     model_class = _model_class(str(gguf), model_type, requested, GGUF_SOURCES, settings)
@@ -218,9 +236,9 @@ def _convert_transfo_xl(args: argparse.Namespace, settings: dict) -> int:
         raise UsageError(f"--{', --'.join(given)} apply to decoder checkpoints, not to a TransfoXL one")
     with _unsafe_pickles_refused(args.model_name_or_path):
         model = convert_transfo_xl(args.model_name_or_path, segment_length=args.segment_length)
-    prepare_output_dir(
-        args.output_dir, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, writer=WRITER, overwrite=args.overwrite
-    )
+    check_finite_weights(model, args.model_name_or_path, DAMAGED)
+    # No name patterns: `_save` records each file before writing it, so only what a run recorded is ever removed.
+    prepare_output_dir(args.output_dir, (), writer=WRITER, overwrite=args.overwrite)
     _save(args.output_dir, model)
     config = model.config
     print(
@@ -246,9 +264,9 @@ def run(args: argparse.Namespace) -> int:
             model, tokenizer, new_tensors = _load_gguf(gguf, args.model_class, settings)
         else:
             model, tokenizer, new_tensors = _load_folder(args, settings)
-    prepare_output_dir(
-        args.output_dir, MODEL_FOLDER_FILES + TRAINING_RUN_FILES, writer=WRITER, overwrite=args.overwrite
-    )
+    # A damaged file can de-quantise to NaN or inf; the converted model would then only echo its prompt.
+    check_finite_weights(model, str(gguf or args.model_name_or_path), DAMAGED)
+    prepare_output_dir(args.output_dir, (), writer=WRITER, overwrite=args.overwrite)
     _save(args.output_dir, model, tokenizer)
     config = model.config
     family = (
@@ -261,6 +279,9 @@ def run(args: argparse.Namespace) -> int:
         f"insertion_layer={config.insertion_layer}) to {args.output_dir}; new weights: "
         f"{new_tensors} tensors of the recurrence module."
     )
+    if new_tensors:
+        # A recurrent checkpoint re-windowed keeps its trained recurrence.
+        print(UNTRAINED_RECURRENCE.format(window_size=config.window_size))
     return 0
 
 
@@ -278,12 +299,16 @@ def _unsafe_pickles_refused(source: str) -> Iterator[None]:
 
 
 def _save(output_dir: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
-    """Save the converted checkpoint, a failed write (a full disk) ending in one line, and record the folder as
-    convert's (see hf_recurrence.outputs)."""
-    try:
-        model.save_pretrained(output_dir)
+    """Save the converted checkpoint, each file recorded as convert's before it appears in `output_dir`, a failed
+    write (a full disk) ending in one line (see hf_recurrence.outputs)."""
+
+    def save(folder: Path) -> None:
+        model.save_pretrained(folder)
         if tokenizer is not None:
-            tokenizer.save_pretrained(output_dir)
+            tokenizer.save_pretrained(folder)
+
+    try:
+        write_recorded(output_dir, save)
     except (OSError, SafetensorError) as error:
         raise UsageError(
             f"cannot write the converted checkpoint to {output_dir}: {error}. Make room, then run the same command "

@@ -69,13 +69,15 @@ def run(args: argparse.Namespace) -> int:
     if not encoded:
         raise UsageError(f"No document of at least 2 tokens among the {len(texts)} read")
     documents, texts = [ids for ids, _ in encoded], [text for _, text in encoded]
+    for path in args.models:
+        check_vocabulary(path, documents, args.tokenizer or args.models[0])
     prepare_output_dir(args.output_dir, REPORT_FILES, writer="hf-recurrence evaluate", overwrite=args.overwrite)
     print(f"{len(documents)} documents, {sum(map(len, documents)):,} tokens")
 
     rows = []
     for path, grid in grids.items():
         model = AutoModelForCausalLM.from_pretrained(path)
-        check_finite_weights(model, path)
+        check_finite_weights(model, f"MODEL {path}", "it cannot be evaluated")
         for window_size, overlap in grid:
             result = windowed_perplexity(
                 model, documents, window_size, overlap, text=texts, batch_size=args.batch_size
@@ -101,11 +103,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_finite_weights(model: PreTrainedModel, path: str) -> None:
-    """Refuse a model whose weights hold NaN or inf: every perplexity it gives would be NaN."""
+def check_finite_weights(model: PreTrainedModel, source: str, consequence: str) -> None:
+    """Refuse a model whose weights hold NaN or inf, naming `source` (where it was read from), the first such tensor
+    and the `consequence`: every perplexity it gives would be NaN, and what it generates noise or the prompt."""
     for name, tensor in model.state_dict().items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise UsageError(f"MODEL {path} has non-finite weights (NaN or inf) in {name}; it cannot be evaluated")
+            raise UsageError(f"{source} has non-finite weights (NaN or inf) in {name}; {consequence}")
+
+
+def check_vocabulary(path: str, documents: list[list[int]], tokenizer: str) -> None:
+    """Refuse a tokenizer whose ids the model at `path` has no embedding for (the embedding would fail deep inside)."""
+    vocab_size = AutoConfig.from_pretrained(path).get_text_config().vocab_size
+    largest = max(max(ids) for ids in documents)
+    if largest >= vocab_size:
+        raise UsageError(
+            f"MODEL {path} has a vocabulary of {vocab_size:,} tokens, but the tokenizer of {tokenizer} gives ids up "
+            f"to {largest:,}; evaluate it with the tokenizer it was trained with (--tokenizer)"
+        )
 
 
 def checked_grid(path: str, windows: list[int] | None, overlaps: list[int] | None) -> list[tuple[int, int]]:

@@ -14,6 +14,7 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput, logging
 
 from ..families import model_types_reading
+from ..models.recurrent_decoder.modeling_recurrent_decoder import STATE_NAME
 from .flops import RECURRENT_MODEL_TYPES, check_schedule, flops_per_token, has_flops_count
 
 
@@ -404,8 +405,9 @@ def _stateful_nll(
     total = 0.0
     for start in range(0, ids.shape[1], chunk_tokens):
         columns = slice(start, start + chunk_tokens)
-        out = model(input_ids=ids[:, columns], attention_mask=real[:, columns].long(), past_key_values=state)
-        state = out.past_key_values
+        # Under the installed transformers' name: 5.24 warns that `past_key_values` is deprecated.
+        out = model(input_ids=ids[:, columns], attention_mask=real[:, columns].long(), **{STATE_NAME: state})
+        state = getattr(out, STATE_NAME)
         chunk_sink = torch.zeros(int(predicts[:, columns].sum())) if sinks is not None else None
         total += _summed_nll(out.logits[predicts[:, columns]], targets[:, columns][predicts[:, columns]], chunk_sink)
         if sinks is not None:

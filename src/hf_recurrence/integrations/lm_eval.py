@@ -3,8 +3,9 @@
 lm-eval's `hf` model takes its context length from `config.n_positions` (or `max_position_embeddings`): for a
 recurrent model that is the size of one window, so `loglikelihood_rolling` (perplexity tasks) scores a long document
 as independent window-sized chunks and `generate_until` / `loglikelihood` cut the left context to one window; the
-recurrence is never used. That attribute sizes the position table, so it cannot be changed on the config. Instead,
-importing this module registers `hf-recurrence`: lm-eval's `hf` model with a context length of
+recurrence is never used (on the recurrence core it reads `text_config.max_position_embeddings`, the backbone's own
+context, and cuts only documents longer than that: docs/guides/evaluation.md). That attribute sizes the position table,
+so it cannot be changed on the config. Instead, importing this module registers `hf-recurrence`: lm-eval's `hf` model with a context length of
 `UNBOUNDED_CONTEXT` tokens unless `max_length` is given, so every document reaches the model whole and the model's
 own windows carry the context. Python:
 
@@ -27,14 +28,15 @@ import sys
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from ..models import RecurrentGPT2Config, RecurrentLlamaConfig, TransformerXLConfig
+from ..families import FAMILIES
 from ..outputs import UsageError
 
 
 # lm-eval splits inputs longer than max_length into independent pieces; no document of a benchmark comes near this.
 UNBOUNDED_CONTEXT = 2**30
+# Every causal family: the recurrence core (over Qwen2/3, Mistral, Gemma, Phi-3, OLMo 2, SmolLM3, ...) and the named ones.
 CAUSAL_MODEL_TYPES = tuple(
-    config.model_type for config in (RecurrentGPT2Config, RecurrentLlamaConfig, TransformerXLConfig)
+    model_type for model_type, family in FAMILIES.items() if family.auto_class == "AutoModelForCausalLM"
 )
 
 

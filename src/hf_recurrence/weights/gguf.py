@@ -5,6 +5,7 @@ recurrence of a recurrent model is new. `hf-recurrence convert` reads GGUF input
 
 import copy
 import importlib.metadata
+import struct
 from pathlib import Path
 
 import torch
@@ -29,6 +30,20 @@ def require_gguf_reader() -> None:
         ) from None
 
 
+def require_whole_gguf(gguf_path: Path) -> None:
+    """Refuse, naming the file, a GGUF file cut short (or not GGUF at all): transformers would fail deep in its reader
+    with a `struct.error` or "cannot reshape array". Reads the header and maps the tensors; nothing is de-quantised."""
+    from gguf import GGUFReader
+
+    try:
+        GGUFReader(gguf_path)
+    except (ValueError, struct.error) as error:
+        raise ValueError(
+            f"{gguf_path} ({gguf_path.stat().st_size:,} bytes) is truncated (cut short, e.g. by an interrupted "
+            f"download) or not a GGUF file: reading it fails with {error}. Get the file again"
+        ) from None
+
+
 def load_causal_lm_from_gguf(gguf_path: str | Path, model_class: type = LlamaForCausalLM) -> PreTrainedModel:
     """A stock causal LM (`model_class`, e.g. `LlamaForCausalLM` or `AutoModelForCausalLM`) with float32 weights
     de-quantised from a GGUF file.
@@ -39,6 +54,7 @@ def load_causal_lm_from_gguf(gguf_path: str | Path, model_class: type = LlamaFor
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
         raise FileNotFoundError(f"No GGUF file at {gguf_path}")
+    require_whole_gguf(gguf_path)
     # float32 gives plain de-quantised nn.Linear weights; another dtype keeps them packed.
     model = model_class.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
     if model.hf_quantizer is not None:
@@ -125,4 +141,5 @@ __all__ = [
     "recurrent_llama_from_gguf",
     "recurrent_llama_from_llama",
     "require_gguf_reader",
+    "require_whole_gguf",
 ]

@@ -7,13 +7,14 @@ import pytest
 import torch
 
 from hf_recurrence import RecurrentDecoderForCausalLM
-from hf_recurrence.gemma3 import GEMMA3_MODULE, load_gemma3_270m
+from hf_recurrence.gemma3 import gemma3_270m_gguf_path, load_gemma3_270m
+
+from ...common import installed_or_skip
 
 
 @pytest.mark.slow
 def test_gemma3_270m_checkpoint_runs_with_the_recurrence(tmp_path):
-    pytest.importorskip(GEMMA3_MODULE)
-    stock = load_gemma3_270m().eval()
+    stock = load_gemma3_270m(installed_or_skip(gemma3_270m_gguf_path).parent).eval()
     stock.save_pretrained(tmp_path / "stock")
     model, info = RecurrentDecoderForCausalLM.from_pretrained(
         tmp_path / "stock", window_size=64, window_overlap=8, insertion_layer=2, output_loading_info=True

