@@ -11,7 +11,7 @@ import torch
 from hf_recurrence.weights import gemma3
 from hf_recurrence.weights.gemma3 import GEMMA3_GGUF_BYTES, GEMMA3_GGUF_NAME, gemma3_270m_gguf_path, load_gemma3_270m
 
-from .common import installed_or_skip
+from ..common import installed_or_skip
 
 
 @pytest.fixture
