@@ -168,7 +168,7 @@ def windowed_perplexity(
             total_nll += _stock_nll(model, documents, window_size, overlap, batch_size, progress, sinks)
 
     nll = total_nll / num_tokens
-    # The analytic count covers GPT-2- and Llama-shaped blocks.
+    # The analytic count covers the recurrence core's backbones (GPT-2- and Llama-shaped blocks), stock or recurrent.
     flops = flops_per_token(config, window_size, overlap) if has_flops_count(config) else None
     return WindowedPerplexity(
         perplexity=math.exp(nll),
