@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, make_dataclass
 
 import torch
 from torch import nn
-from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModel, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
 from transformers.core_model_loading import WeightRenaming, apply_renamings
@@ -1119,7 +1119,7 @@ class RecurrentDecoderForTokenClassification(GenericForTokenClassification, Recu
         self.post_init()
 
 
-class RecurrentGPT2LMHeadModel(RecurrentDecoderForCausalLM, RecurrentDecoderGenerationMixin):
+class RecurrentGPT2LMHeadModel(RecurrentDecoderForCausalLM, GenerationMixin):
     """[`RecurrentDecoderForCausalLM`] over GPT-2, under the name and in the checkpoint layout (a flat
     [`RecurrentGPT2Config`], the recurrence saved as `transformer.recurrence.*`) that recurrent GPT-2 checkpoints and
     state files have always had; any GPT-2 checkpoint converts with `from_pretrained(..., window_size=...)`."""
@@ -1135,7 +1135,7 @@ class RecurrentGPT2LMHeadModel(RecurrentDecoderForCausalLM, RecurrentDecoderGene
         return self.backbone.transformer
 
 
-class RecurrentLlamaForCausalLM(RecurrentDecoderForCausalLM, RecurrentDecoderGenerationMixin):
+class RecurrentLlamaForCausalLM(RecurrentDecoderForCausalLM, GenerationMixin):
     """[`RecurrentDecoderForCausalLM`] over Llama, under the name and in the checkpoint layout (a flat
     [`RecurrentLlamaConfig`], the recurrence saved as `model.recurrence.*`) that recurrent Llama checkpoints and
     state files have always had; any Llama checkpoint converts with `from_pretrained(..., window_size=...)`."""
