@@ -13,6 +13,7 @@ check_copies = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(check_copies)
 
 ORIGINAL = "hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder"
+STATE_ORIGINAL = "hf_recurrence.models.recurrent_decoder.state_recurrent_decoder"
 
 
 def test_every_copy_in_the_model_folders_matches():
@@ -36,7 +37,7 @@ def test_replacements_are_applied_and_a_missing_original_is_named(tmp_path):
     def holder(return_type: str) -> str:
         return (
             "class Holder:\n"
-            f"    # Copied from {ORIGINAL}.RecurrentDecoderState.detach with RecurrentDecoder->Other\n"
+            f"    # Copied from {STATE_ORIGINAL}.RecurrentDecoderState.detach with RecurrentDecoder->Other\n"
             f'    def detach(self) -> "{return_type}":\n'
             '        """Cut the autograd history of every tensor (truncated BPTT between calls). Returns `self`."""\n'
             "        return self._map(torch.Tensor.detach)\n"
@@ -49,7 +50,9 @@ def test_replacements_are_applied_and_a_missing_original_is_named(tmp_path):
     )
     _, problems = check_copies.check_all(tmp_path)
     assert len(problems) == 2
-    assert problems[0].endswith(f"differs from {ORIGINAL}.RecurrentDecoderState.detach with RecurrentDecoder->Other")
+    assert problems[0].endswith(
+        f"differs from {STATE_ORIGINAL}.RecurrentDecoderState.detach with RecurrentDecoder->Other"
+    )
     assert problems[1].endswith(f"{ORIGINAL}.NoSuchThing does not exist")
 
 
@@ -58,7 +61,7 @@ def test_fix_rewrites_a_drifted_copy_from_its_original_and_keeps_the_rest(tmp_pa
     drifted.write_text(
         "import torch\n\n\n"
         "class Holder:\n"
-        f"    # Copied from {ORIGINAL}.RecurrentDecoderState.detach with RecurrentDecoder->Other\n"
+        f"    # Copied from {STATE_ORIGINAL}.RecurrentDecoderState.detach with RecurrentDecoder->Other\n"
         '    def detach(self) -> "OtherState":\n'
         "        return self\n\n"
         "    def kept(self) -> int:\n"

@@ -31,7 +31,10 @@ def test_python_blocks_run(page, tmp_path, monkeypatch):
         exec(code, namespace)
 
 
-MODEL_MODULES = sorted((REPO_ROOT / "src" / "hf_recurrence" / "models").glob("*/[cm]*_*.py"))
+# Every file of every model folder (the role files beside configuration_* and modeling_* too), each with an example.
+MODEL_MODULES = sorted(
+    path for path in (REPO_ROOT / "src" / "hf_recurrence" / "models").glob("*/*.py") if path.name != "__init__.py"
+)
 
 
 @pytest.mark.parametrize("path", MODEL_MODULES, ids=lambda p: p.name)

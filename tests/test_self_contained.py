@@ -13,9 +13,9 @@ from .common import SRC_ROOT
 
 MODELS_ROOT = SRC_ROOT / "hf_recurrence" / "models"
 FAMILY_DIRS = sorted(p for p in MODELS_ROOT.iterdir() if (p / "__init__.py").exists())
-MODEL_FILES = sorted(
-    f for d in FAMILY_DIRS for f in d.glob("*.py") if f.name.startswith(("configuration_", "modeling_"))
-)
+# Every file of a folder, role files (state_*, step_*, generation_*) as much as configuration_* and modeling_*: remote
+# code copies each one a checkpoint's code imports.
+MODEL_FILES = sorted(f for d in FAMILY_DIRS for f in d.glob("*.py") if f.name != "__init__.py")
 # transformers' own hard requirements are installed wherever it is, so remote code may use them: huggingface_hub,
 # and safetensors (the state files of the causal families).
 ALLOWED_TOP_LEVEL = {"torch", "transformers", "huggingface_hub", "safetensors"} | set(sys.stdlib_module_names)

@@ -25,7 +25,8 @@ HARNESS = REPO_ROOT.parent / "shared" / "tools" / "hf_common_tests" / "run.sh"
 SPEC_DIR = REPO_ROOT / "tests" / "hf_common"
 DOC = REPO_ROOT / "docs" / "conformance.md"
 START, END = "<!-- conformance:start -->", "<!-- conformance:end -->"
-FAMILIES = {
+# The spec modules of tests/hf_common run, by the name the doc gives what each covers.
+SPECS = {
     "recurrent GPT-2": "recurrent_gpt2_spec",
     "recurrent Llama": "recurrent_llama_spec",
     "Transformer-XL": "transformer_xl_spec",
@@ -101,9 +102,7 @@ def render(outcomes: dict[str, Outcomes]) -> str:
         "| family | passed | failed | skipped | of which ours |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
-    our_skips = {
-        family: importlib.import_module(FAMILIES[family]).__dict__.get("skip_tests", {}) for family in families
-    }
+    our_skips = {family: importlib.import_module(SPECS[family]).__dict__.get("skip_tests", {}) for family in families}
     for family, found in outcomes.items():
         failed = found.counts["failed"] + found.counts["error"]
         lines.append(
@@ -154,14 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         nargs="+",
-        choices=list(FAMILIES.values()),
+        choices=list(SPECS.values()),
         help="run only these specs and read the last runs of the others (the shared CPUs make a full run slow)",
     )
     parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers per run")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(SPEC_DIR))
     outcomes = {}
-    for family, spec in FAMILIES.items():
+    for family, spec in SPECS.items():
         run_dir = args.run_root / spec
         if not args.reuse and (args.only is None or spec in args.only):
             run_family(spec, run_dir, args.workers)

@@ -1,7 +1,18 @@
 """The analytic FLOPs count against the paper's FLOPs/token column and the recurrence's overhead."""
 
 import pytest
-from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, MistralConfig
+from transformers import (
+    BertConfig,
+    Gemma3TextConfig,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    Olmo2Config,
+    Phi3Config,
+    Qwen2Config,
+    Qwen3Config,
+    SmolLM3Config,
+)
 
 from hf_recurrence import RecurrentDecoderConfig, RecurrentGPT2Config, RecurrentLlamaConfig
 from hf_recurrence.evaluation import flops_per_token
@@ -64,9 +75,36 @@ def test_llama_recurrence_adds_under_one_percent_and_overlap_the_recomputed_frac
     assert flops_per_token(llama, 128, 16) == pytest.approx(flops_per_token(llama, 128, 0) * 128 / 112)
 
 
-def test_other_families_are_refused():
-    with pytest.raises(ValueError, match="model_type='mistral'"):
-        flops_per_token(MistralConfig(), 16, 0)
+@pytest.mark.parametrize(
+    "config",
+    [
+        Qwen2Config(**SMOLLM2_SHAPE),
+        MistralConfig(**SMOLLM2_SHAPE, sliding_window=None),
+        Phi3Config(**SMOLLM2_SHAPE),  # fused qkv and gate-up projections: the same weights
+        Olmo2Config(**SMOLLM2_SHAPE),
+        Qwen3Config(**SMOLLM2_SHAPE, head_dim=64),
+        SmolLM3Config(**SMOLLM2_SHAPE),
+    ],
+    ids=lambda config: config.model_type,
+)
+def test_every_llama_shaped_backbone_counts_as_llama(config):
+    # Every backbone the recurrence core runs over has a count, not only those the count was first written for.
+    assert flops_per_token(config, 128, 0) == flops_per_token(LlamaConfig(**SMOLLM2_SHAPE), 128, 0) == 216_760_320
+    recurrent = RecurrentDecoderConfig(text_config=config.to_dict(), window_size=128)
+    assert (
+        flops_per_token(config, 128, 0) < flops_per_token(recurrent, 128, 0) < 1.01 * flops_per_token(config, 128, 0)
+    )
+
+
+def test_mistral_counts_its_sliding_window_on_every_layer():
+    weights = 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536)
+    config = MistralConfig(**SMOLLM2_SHAPE, sliding_window=64)
+    assert flops_per_token(config, 128, 0) == 2 * weights + 2 * 30 * 64 * 576
+
+
+def test_other_model_types_are_refused():
+    with pytest.raises(ValueError, match="model_type='bert'"):
+        flops_per_token(BertConfig(), 16, 0)
 
 
 # Gemma 3 270M's shape: 18 layers, d = 640, 4 query heads and 1 key-value head of 256 (queries wider than d), gated MLP

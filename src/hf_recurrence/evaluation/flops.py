@@ -3,32 +3,34 @@
 from transformers import PreTrainedConfig
 
 from ..families import model_types_reading
+from ..models.recurrent_decoder.configuration_recurrent_decoder import (
+    PRE_ATTENTION_NORMS,
+    check_schedule,
+    sliding_window_size,
+)
 
 
 # Model types that read a long input in their own windows and carry a state across them: the recurrence core over a
 # stock decoder (its `text_config`), and its named families.
 RECURRENT_MODEL_TYPES = model_types_reading("windows")
-# Backbones whose blocks are GPT-2 blocks: attention with 4 d x d projections and a two-matrix MLP.
-GPT2_MODEL_TYPES = ("gpt2",)
-# Backbones whose blocks are Llama blocks: grouped-query attention (q and o d x heads*head_dim, k and v d x kv heads *
-# head_dim) and a gated MLP of three matrices. Gemma 3's text decoder has the same matrices (its extra norms are left
-# out like every norm); only some of its layers attend within a sliding window, which `_attended_keys` counts.
-LLAMA_MODEL_TYPES = ("llama", "gemma3_text")
-FLOPS_MODEL_TYPES = GPT2_MODEL_TYPES + LLAMA_MODEL_TYPES
+# The decoders counted: every backbone the recurrence core runs over (its table of backbones), stock or as a recurrent
+# model's backbone. Their blocks are GPT-2 blocks (attention with 4 d x d projections, a two-matrix MLP) or Llama-shaped
+# ones (grouped-query attention: q and o d x heads*head_dim, k and v d x kv heads*head_dim, fused or not; a gated MLP of
+# three matrices, fused or not), told apart by the config (`_is_gpt2_block`). Extra norms (Gemma's, OLMo2's) are left
+# out like every norm; layers that attend within a sliding window are counted by `_attended_keys`.
+FLOPS_MODEL_TYPES = tuple(PRE_ATTENTION_NORMS)
 
 
-def check_schedule(window_size: int, overlap: int) -> None:
-    """Raise `ValueError` naming `window_size` or `overlap` unless `0 <= overlap < window_size`, integers."""
-    if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
-        raise ValueError(f"window_size must be a positive integer, got window_size={window_size!r}")
-    if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap < window_size:
-        raise ValueError(f"overlap must satisfy 0 <= overlap < window_size={window_size}, got overlap={overlap!r}")
+def _is_gpt2_block(config: PreTrainedConfig) -> bool:
+    """Whether the decoder's blocks are GPT-2's: an ungated MLP sized by `n_inner`, not a gated one by
+    `intermediate_size`."""
+    return getattr(config, "intermediate_size", None) is None
 
 
 def _block_shape(config: PreTrainedConfig) -> tuple[int, int, int, int]:
     """(layers, hidden size d, weights per block, attention width) of a GPT-2- or Llama-shaped decoder; the attention
     width is what each query dots with each key (query heads x head dim), d for GPT-2 and for most Llamas."""
-    if config.model_type in GPT2_MODEL_TYPES:
+    if _is_gpt2_block(config):
         hidden = config.n_embd
         inner = config.n_inner if config.n_inner is not None else 4 * hidden
         return config.n_layer, hidden, 4 * hidden**2 + 2 * hidden * inner, hidden
@@ -49,10 +51,11 @@ def _key_value_width(config: PreTrainedConfig) -> int:
 
 def _attended_keys(config: PreTrainedConfig, window_size: int) -> int:
     """Keys attended per position, summed over the layers: the window on a full-attention layer, at most
-    `sliding_window` on a sliding-window one (Gemma 3: five layers in six)."""
+    `sliding_window` on a sliding-window one (Gemma 2 and 3: some layers; Mistral with a sliding window: every one)."""
     layers = _block_shape(config)[0]
-    types = getattr(config, "layer_types", None) or ["full_attention"] * layers
-    sliding = getattr(config, "sliding_window", None)
+    sliding = sliding_window_size(config)
+    every = "sliding_attention" if sliding is not None else "full_attention"
+    types = getattr(config, "layer_types", None) or [every] * layers
     return sum(min(window_size, sliding) if kind == "sliding_attention" and sliding else window_size for kind in types)
 
 
@@ -72,9 +75,10 @@ def flops_per_token(config: PreTrainedConfig, window_size: int, overlap: int = 0
 
     Per position the transformer costs `2·N + 2·n_layer·T·d_attn` (Kaplan et al. 2020's count, the one behind the
     paper's 1.75e8 for GPT-2 small at T = 300): `N` non-embedding weights (GPT-2: `n_layer·(4·d² + 2·d·d_inner)`;
-    Llama and Gemma 3: `n_layer·(2·d·d_attn + 2·d·d_kv + 3·d·d_inner)` with query/output width `d_attn` = heads x head
-    dim, grouped-query k/v of width `d_kv` and the gated MLP's three matrices), two FLOPs per multiply-add, plus
-    attention over a context of `T = window_size` (`min(T, sliding_window)` on Gemma 3's sliding-window layers). A
+    the Llama-shaped backbones (every other one the recurrence runs over): `n_layer·(2·d·d_attn + 2·d·d_kv +
+    3·d·d_inner)` with query/output width `d_attn` = heads x head dim, grouped-query k/v of width `d_kv` and the gated
+    MLP's three matrices), two FLOPs per multiply-add, plus attention over a context of `T = window_size`
+    (`min(T, sliding_window)` on sliding-window layers). A
     window of `T` positions predicts only its `T - overlap` new tokens, so the recomputation multiplies this by
     `T / (T - overlap)`.
 
@@ -97,7 +101,7 @@ def flops_per_token(config: PreTrainedConfig, window_size: int, overlap: int = 0
     per_position = 2 * layers * block_weights + 2 * _attended_keys(backbone, window_size) * attention_width
     per_window = 0
     if backbone is not config:  # recurrent
-        key_value = hidden if backbone.model_type in GPT2_MODEL_TYPES else _key_value_width(backbone)
+        key_value = hidden if _is_gpt2_block(backbone) else _key_value_width(backbone)
         per_position += 2 * layers * hidden + 2 * attention_width
         sizes = [hidden, *config.recurrence_hidden_sizes, hidden]
         per_window += 2 * sum(a * b for a, b in zip(sizes[:-1], sizes[1:], strict=True)) + 2 * 2 * hidden * key_value

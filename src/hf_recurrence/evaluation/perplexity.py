@@ -14,8 +14,9 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput, logging
 
 from ..families import model_types_reading
+from ..models.recurrent_decoder.configuration_recurrent_decoder import check_schedule
 from ..models.recurrent_decoder.modeling_recurrent_decoder import STATE_NAME
-from .flops import RECURRENT_MODEL_TYPES, check_schedule, flops_per_token, has_flops_count
+from .flops import RECURRENT_MODEL_TYPES, flops_per_token, has_flops_count
 
 
 logger = logging.get_logger(__name__)
@@ -168,7 +169,7 @@ def windowed_perplexity(
             total_nll += _stock_nll(model, documents, window_size, overlap, batch_size, progress, sinks)
 
     nll = total_nll / num_tokens
-    # The analytic count covers GPT-2- and Llama-shaped blocks.
+    # The analytic count covers the recurrence core's backbones (GPT-2- and Llama-shaped blocks), stock or recurrent.
     flops = flops_per_token(config, window_size, overlap) if has_flops_count(config) else None
     return WindowedPerplexity(
         perplexity=math.exp(nll),
@@ -260,33 +261,36 @@ def resolve_schedule(config, window_size: int | None, overlap: int | None) -> tu
     """Fill in the defaults and check `window_size` / `overlap` against the model; raise ValueError naming a bad one."""
     if config.model_type in SEGMENT_MODEL_TYPES:
         return _segment_schedule(config, window_size, overlap)
-    recurrent = config.model_type in RECURRENT_MODEL_TYPES
-    if recurrent:
-        max_window = config.text_config.max_position_embeddings  # the backbone's position table
-        window_size = config.window_size if window_size is None else window_size
-        if overlap is not None and overlap != config.window_overlap:
-            raise ValueError(
-                f"overlap={overlap} differs from the overlap this recurrent model was trained with "
-                f"(config.window_overlap={config.window_overlap}): its h_prev summarises the text up to the first "
-                "re-read token, so it must be evaluated with that overlap (paper §4.2)"
-            )
-        overlap = config.window_overlap
-    else:
-        max_window = getattr(config, "max_position_embeddings", None)
-        if window_size is None:
-            if max_window is None:
-                raise ValueError(f"window_size is required: {type(config).__name__} has no max_position_embeddings")
-            window_size = max_window
-        overlap = 0 if overlap is None else overlap
+    if config.model_type in RECURRENT_MODEL_TYPES:
+        return _recurrent_schedule(config, window_size, overlap)
+    max_window = getattr(config, "max_position_embeddings", None)
+    if window_size is None:
+        if max_window is None:
+            raise ValueError(f"window_size is required: {type(config).__name__} has no max_position_embeddings")
+        window_size = max_window
+    overlap = 0 if overlap is None else overlap
     check_schedule(window_size, overlap)
     if max_window is not None and window_size > max_window:
         raise ValueError(f"window_size={window_size} exceeds the model's position table ({max_window} positions)")
-    if recurrent and window_size != config.window_size:
+    return window_size, overlap
+
+
+def _recurrent_schedule(config, window_size: int | None, overlap: int | None) -> tuple[int, int]:
+    """A recurrent model's schedule: its own overlap, and a window its backbone can run (the config's own check)."""
+    window_size = config.window_size if window_size is None else window_size
+    if overlap is not None and overlap != config.window_overlap:
+        raise ValueError(
+            f"overlap={overlap} differs from the overlap this recurrent model was trained with "
+            f"(config.window_overlap={config.window_overlap}): its h_prev summarises the text up to the first "
+            "re-read token, so it must be evaluated with that overlap (paper §4.2)"
+        )
+    config.check_window_schedule(window_size, config.window_overlap)
+    if window_size != config.window_size:
         logger.warning(
             f"Evaluating with window_size={window_size}; the model was configured (and presumably trained) with "
             f"window_size={config.window_size}"
         )
-    return window_size, overlap
+    return window_size, config.window_overlap
 
 
 def _segment_schedule(config, window_size: int | None, overlap: int | None) -> tuple[int, int]:

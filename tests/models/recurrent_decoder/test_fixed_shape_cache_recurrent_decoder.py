@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import CompileConfig
 
-from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder import STATE_NAME, FixedShapeWindowCache
+from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder import STATE_NAME, FixedShapeWindowCache
 
 from ...families import BACKBONES
 

@@ -28,8 +28,9 @@ from .modeling_recurrent_decoder import (
 )
 
 
-# The core and its named families: a config and its four models each.
-FAMILIES = {
+# The config classes of the core and of its named families, each with the four models the Auto classes (in this
+# order) load for it. (The package's table of families and what it knows of them is `hf_recurrence.families`.)
+REGISTERED_MODELS = {
     RecurrentDecoderConfig: (
         RecurrentDecoderModel,
         RecurrentDecoderForCausalLM,
@@ -51,7 +52,7 @@ FAMILIES = {
 }
 AUTO_CLASSES = (AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoModelForTokenClassification)
 
-for config_class, model_classes in FAMILIES.items():
+for config_class, model_classes in REGISTERED_MODELS.items():
     AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
     config_class.register_for_auto_class()
     for auto_class, model_class in zip(AUTO_CLASSES, model_classes, strict=True):

@@ -59,8 +59,6 @@ ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
 CLASSIFIER_SETTINGS = ("id2label", "label2id", "problem_type")
 # What the recurrence reads: the window's summary (the paper), or zeros (the control: a learned constant h_prev).
 RECURRENCE_INPUTS = ("window", "zeros")
-# What the recurrence reads: the window's summary (the paper), or zeros (the control: a learned constant h_prev).
-RECURRENCE_INPUTS = ("window", "zeros")
 
 
 def _is_int(value: Any) -> bool:
@@ -132,6 +130,35 @@ def rotary_refusal_reason(text_config: PreTrainedConfig, layer: int) -> str | No
     return None
 
 
+def check_schedule(window_size: int, window_overlap: int, text_config: PreTrainedConfig | None = None) -> None:
+    """Raise `ValueError` naming the value unless `window_size` is a positive integer and `window_overlap` an integer
+    in `[0, window_size)`, and, given a recurrent model's backbone config (`text_config`), unless the backbone can run
+    such windows: inside its position table and, where its layers slide, inside its sliding window. The one check of
+    a window schedule, which the configs and the evaluation reuse."""
+    if not _is_int(window_size) or window_size < 1:
+        raise ValueError(f"window_size must be a positive integer, got window_size={window_size!r}")
+    if text_config is not None:
+        positions = position_table_size(text_config)
+        if positions is not None and window_size > positions:
+            raise ValueError(
+                f"window_size={window_size} exceeds the {text_config.model_type!r} backbone's "
+                f"max_position_embeddings={positions}: a window's positions must stay inside the range it was "
+                "trained on"
+            )
+        sliding = sliding_window_size(text_config)
+        if sliding is not None and window_size > sliding:
+            raise _refusal(
+                text_config.model_type,
+                f"window_size={window_size} is larger than its sliding_window={sliding}, so a window's tokens would "
+                f"not all see each other; use window_size <= {sliding}",
+            )
+    if not _is_int(window_overlap) or not 0 <= window_overlap < window_size:
+        raise ValueError(
+            f"window_overlap must satisfy 0 <= window_overlap < window_size={window_size}, got "
+            f"window_overlap={window_overlap!r}"
+        )
+
+
 @dataclass
 class RecurrenceSettings:
     """The recurrence's config fields and their checks, shared by `RecurrentDecoderConfig` (the backbone's config
@@ -186,27 +213,7 @@ class RecurrenceSettings:
     def check_window_schedule(self, window_size: int, window_overlap: int) -> None:
         """Raise `ValueError` unless `window_size` and `window_overlap` form a schedule the backbone can run; checked
         for the config's own schedule and for every state a forward runs (a state may carry another)."""
-        if not _is_int(window_size) or window_size < 1:
-            raise ValueError(f"window_size must be a positive integer, got window_size={window_size!r}")
-        positions = position_table_size(self.text_config)
-        if positions is not None and window_size > positions:
-            raise ValueError(
-                f"window_size={window_size} exceeds the {self.text_config.model_type!r} backbone's "
-                f"max_position_embeddings={positions}: a window's positions must stay inside the range it was "
-                "trained on"
-            )
-        sliding = sliding_window_size(self.text_config)
-        if sliding is not None and window_size > sliding:
-            raise _refusal(
-                self.text_config.model_type,
-                f"window_size={window_size} is larger than its sliding_window={sliding}, so a window's tokens would "
-                f"not all see each other; use window_size <= {sliding}",
-            )
-        if not _is_int(window_overlap) or not 0 <= window_overlap < window_size:
-            raise ValueError(
-                f"window_overlap must satisfy 0 <= window_overlap < window_size={window_size}, got "
-                f"window_overlap={window_overlap!r}"
-            )
+        check_schedule(window_size, window_overlap, self.text_config)
 
     def check_model_settings(self) -> None:
         """Raise `ValueError` naming the first invalid field other than the window schedule; checked on every forward,

@@ -1,50 +1,37 @@
 # SPDX-License-Identifier: Apache-2.0
 """PyTorch recurrence over any stock transformers decoder, after Yoshida, Ettinger and Gimpel (2020), "Adding
-Recurrence to Pretrained Transformers for Improved Efficiency and Context Size".
+Recurrence to Pretrained Transformers for Improved Efficiency and Context Size": the models.
 
 The model holds the stock `XForCausalLM` of its backbone, built by transformers itself (`self.backbone`), and the
 recurrence (`self.recurrence`). It reads text window by window; each window step calls the stock forward once, with
-the window's embeddings and position ids, under the registered attention name `recurrent_<sdpa|eager>`. That name
-has no mask function, so the backbone builds no mask, and every layer's attention call reaches `recurrent_attention`
-with the step context (`recurrence=` keyword), which joins the window's cached keys/values and, at the insertion
-layer, the key/value of `h_prev` (computed by the layer's own attention code) and applies the step's per-row masks.
-The family's rotary embedding, embedding scaling, norms, biases and head post-processing are therefore its own.
+the window's embeddings and position ids, under the registered attention name `recurrent_<sdpa|eager>`, through
+which every layer's attention joins the window's cached keys/values and, at the insertion layer, the key/value of
+`h_prev` (computed by the layer's own attention code). The family's rotary embedding, embedding scaling, norms,
+biases and head post-processing are therefore its own.
+
+The folder's rooms: this file holds the models (the window loop, the heads, the named GPT-2 and Llama classes and
+their checkpoint layouts); `step_recurrent_decoder.py` the window step inside the stock decoder (the attention
+function, the masks, `h_prev`'s key/value, the pooling); `state_recurrent_decoder.py` the state, its fixed-shape
+variant and its file format; `generation_recurrent_decoder.py` the generate() hooks and the compiled single-token
+decode. Every class a checkpoint's `auto_map` names is importable from here.
 """
 
-import functools
-import inspect
-import json
 import os
 import sys
-import tempfile
-import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, make_dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass, field, make_dataclass
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import nn
-from transformers import (
-    AutoModel,
-    AutoModelForCausalLM,
-    GenerationConfig,
-    GenerationMixin,
-    PreTrainedConfig,
-    PreTrainedModel,
-)
+from transformers import AutoModel, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.activations import ACT2FN
 from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
 from transformers.core_model_loading import WeightRenaming, apply_renamings
-from transformers.generation import CompileConfig, MaxLengthCriteria, StoppingCriteriaList
 from transformers.modeling_layers import (
     GenericForSequenceClassification,
     GenericForTokenClassification,
     GradientCheckpointingLayer,
 )
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 from transformers.utils import ModelOutput, logging
 
 from .configuration_recurrent_decoder import (
@@ -54,17 +41,30 @@ from .configuration_recurrent_decoder import (
     RecurrentLlamaConfig,
     check_backbone,
 )
+from .generation_recurrent_decoder import RecurrentDecoderGenerationMixin, _fixed_shape_decode
+from .state_recurrent_decoder import (
+    STATE_NAME,
+    RecurrentDecoderState,
+    RecurrentGPT2State,
+    RecurrentLlamaState,
+    _cache_geometry,
+)
+from .step_recurrent_decoder import (
+    INNER_ATTENTIONS,
+    RECURRENT_PREFIX,
+    RecurrentDecoderRecurrence,
+    _attention_masks,
+    _attention_module,
+    _decoder_layers,
+    _StepOutput,
+    _StepSettings,
+    h_prev_key_value,
+    step_attentions,
+    step_context,
+)
 
 
 logger = logging.get_logger(__name__)
-
-# transformers 5.24 renamed `past_key_values` to `cache`: the forward argument, the output field and what generate()
-# passes back (its ModelOutput answers the old name through a property). The state travels under the installed
-# version's name, and forward accepts both.
-STATE_NAME = "cache" if isinstance(getattr(ModelOutput, "past_key_values", None), property) else "past_key_values"
-# The attention implementations the recurrence runs on: both accept a per-row mask over extra keys.
-INNER_ATTENTIONS = ("sdpa", "eager")
-RECURRENT_PREFIX = "recurrent_"
 
 
 def _given_state(past_key_values: object | None, cache: object | None) -> object | None:
@@ -74,333 +74,6 @@ def _given_state(past_key_values: object | None, cache: object | None) -> object
             "Pass the state once: as cache or as past_key_values (its name before transformers 5.24), not both"
         )
     return past_key_values if cache is None else cache
-
-
-def _right_packing_index(valid: torch.Tensor, width: int) -> torch.Tensor:
-    """For each row, the indices of its slots with the valid ones last (in their original order), keeping `width`.
-
-    valid: (batch, slots) bool. Returns (batch, width) long.
-    """
-    order = torch.argsort(valid.to(torch.int8), dim=1, stable=True)
-    return order[:, order.shape[1] - width :]
-
-
-def _gather_slots(tensor: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
-    """Gather `index` (batch, width) along `dim` of a tensor whose first dimension is the batch."""
-    shape = [1] * tensor.dim()
-    shape[0], shape[dim] = index.shape
-    expanded = index.view(shape).expand(*tensor.shape[:dim], index.shape[1], *tensor.shape[dim + 1 :])
-    return tensor.gather(dim, expanded)
-
-
-def _window_attentions(
-    weights: torch.Tensor, key_valid: torch.Tensor, with_h_prev: bool, window_size: int, query_real: torch.Tensor
-) -> torch.Tensor:
-    """One step's attention weights laid out by window position, so that every step and every call has the same
-    columns: (batch, head, queries, 1 + window_size), column 0 for `h_prev`, column 1 + j for position j of the
-    query's current window. Rows of padding queries are zero.
-
-    weights: (batch, head, queries, [1 +] keys) as the attention computed them (a leading `h_prev` column when
-    `with_h_prev`); key_valid: (batch, keys) bool over the cached slots then the step's columns; query_real:
-    (batch, queries) bool.
-    """
-    token_weights = weights[..., 1:] if with_h_prev else weights
-    # The valid keys of a row are exactly its current window, in order; the rest go to a column that is dropped.
-    index = torch.where(key_valid, key_valid.cumsum(1) - 1, window_size)  # (batch, keys)
-    index = index[:, None, None, :].expand_as(token_weights)
-    by_position = token_weights.new_zeros(*token_weights.shape[:-1], window_size + 1)
-    by_position = by_position.scatter_add(-1, index, token_weights)[..., :window_size]
-    h_prev_weight = weights[..., :1] if with_h_prev else weights.new_zeros(*weights.shape[:-1], 1)
-    layout = torch.cat([h_prev_weight, by_position], dim=-1)
-    return layout * query_real[:, None, :, None].to(layout.dtype)
-
-
-def _attention_masks(
-    real: torch.Tensor,
-    slot_valid: torch.Tensor,
-    has_h_prev: torch.Tensor,
-    dtype: torch.dtype,
-    eager: bool,
-    all_real: bool | None,
-) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Masks for the ordinary layers and for the insertion layer, (batch, 1, cols, [1 +] slots + cols).
-
-    A query sees the valid cached slots, the real step columns up to itself, and itself (so padding queries never
-    see an empty row); at the insertion layer also `h_prev` where the row has one. The plain mask is None where the
-    attention's own causal mask is the same (no cached slots, every column real). Additive float masks for eager
-    attention, boolean ones otherwise. `all_real`: whether every column is real, when known on the host.
-    """
-    batch, cols = real.shape
-    slots = slot_valid.shape[1]
-    causal = torch.ones(cols, cols, dtype=torch.bool, device=real.device).tril()
-    plain = None
-    if eager or slots or not (all_real if all_real is not None else bool(real.all())):
-        own = torch.eye(cols, dtype=torch.bool, device=real.device)
-        new_part = (causal & real[:, None, :]) | own  # (batch, cols, cols)
-        plain = torch.cat([slot_valid[:, None, :].expand(batch, cols, slots), new_part], dim=-1)[:, None]
-    h_prev_part = has_h_prev[:, None, None, None].expand(batch, 1, cols, 1)
-    token_part = causal.expand(batch, 1, cols, cols) if plain is None else plain
-    inserted = torch.cat([h_prev_part, token_part], dim=-1)
-    if eager:
-        plain, inserted = (
-            torch.zeros_like(m, dtype=dtype).masked_fill(~m, torch.finfo(dtype).min) for m in (plain, inserted)
-        )
-    return plain, inserted
-
-
-class _StepContext:
-    """What one window step hands every layer's attention, as the `recurrence=` keyword that stock decoders pass
-    from their forward through their layers to the attention interface.
-
-    A plain object on purpose, not a dataclass or dict: FSDP2's pre-forward rebuilds those when they hold tensors
-    that require grad, and the keys/values recorded here would then land in per-layer copies.
-    """
-
-    def __init__(
-        self,
-        insertion_layer: int,
-        eager: bool,
-        past: list[tuple[torch.Tensor, torch.Tensor] | None],
-        plain_mask: torch.Tensor | None,
-        inserted_mask: torch.Tensor,
-        h_prev: torch.Tensor | None,
-        h_prev_norm: Callable[[torch.Tensor], torch.Tensor],
-        h_prev_rotation: tuple[torch.Tensor, torch.Tensor] | None,
-        output_attentions: bool,
-        h_prev_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ):
-        self.insertion_layer = insertion_layer
-        self.eager = eager
-        self.past = past
-        self.plain_mask, self.inserted_mask = plain_mask, inserted_mask
-        self.h_prev, self.h_prev_norm = h_prev, h_prev_norm
-        # (cos, sin) of the h_prev key, (batch, 1, rotary_dim) each; None: unrotated (`h_prev_rope_position`).
-        self.h_prev_rotation = h_prev_rotation
-        # h_prev's key/value at the insertion layer when already known (a fixed-shape state keeps them for the whole
-        # window, see `FixedShapeWindowCache.h_prev_key_value`); None: computed from `h_prev` in the step.
-        self.h_prev_kv = h_prev_kv
-        self.output_attentions = output_attentions
-        # Filled by the layers: their keys/values (cache + step, per kv head) and attention weights.
-        self.keys: dict[int, torch.Tensor] = {}
-        self.values: dict[int, torch.Tensor] = {}
-        self.weights: dict[int, tuple[torch.Tensor, bool]] = {}
-        # While the attention runs on h_prev only to read its key/value (see `_h_prev_key_value`).
-        self.probing = False
-        self.probed: tuple[torch.Tensor, torch.Tensor] | None = None
-
-
-def _inner_attention(module: nn.Module, eager: bool) -> Callable:
-    if eager:
-        # The family's own eager attention (Gemma2's attention soft-cap lives there); the backbone check ensures it.
-        return sys.modules[type(module).__module__].eager_attention_forward
-    return ALL_ATTENTION_FUNCTIONS["sdpa"]
-
-
-def _h_prev_key_value(module: nn.Module, ctx: _StepContext) -> tuple[torch.Tensor, torch.Tensor]:
-    """`h_prev`'s key and value at this attention module, (batch, kv_head, 1, head_dim) each, through the module's
-    own code (biases, fused qkv, per-head or full-width key norms, partial rotary): it runs on the normed `h_prev` as
-    a one-token input with the step's `h_prev` rotation, or an identity one (cos 1, sin 0), and what reaches the
-    attention interface is kept."""
-    normed = ctx.h_prev_norm(ctx.h_prev[:, None])  # (batch, 1, hidden)
-    if ctx.h_prev_rotation is not None:
-        position_embeddings = ctx.h_prev_rotation
-    else:
-        cos = normed.new_ones(normed.shape[0], 1, module.head_dim)
-        position_embeddings = (cos, torch.zeros_like(cos))
-    ctx.probing = True
-    try:
-        # .forward, not __call__: no output-capture or FSDP hooks fire for the probe.
-        module.forward(
-            hidden_states=normed,
-            position_embeddings=position_embeddings,
-            attention_mask=None,
-            recurrence=ctx,
-        )
-    finally:
-        ctx.probing = False
-    return ctx.probed
-
-
-def recurrent_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    recurrence: _StepContext | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The attention interface `recurrent_sdpa` / `recurrent_eager`: keys/values are `[h_prev] + cached window +
-    step columns` (batch, kv_head, [1 +] slots + cols, head_dim); the backbone's own mask is ignored (it builds
-    none under these names) for the step's per-row masks."""
-    ctx = recurrence
-    if ctx is None:
-        raise RuntimeError(
-            f"{type(module).__name__} ran under the attention implementation of the recurrence core without its "
-            "window step; run the backbone through RecurrentDecoderModel or RecurrentDecoderForCausalLM, or give it "
-            "attn_implementation='sdpa' or 'eager' to use it as a stock model"
-        )
-    if ctx.probing:
-        ctx.probed = (key, value)
-        batch, heads, length, head_dim = query.shape
-        return query.new_zeros(batch, length, heads, head_dim), None
-    i = module.layer_idx
-    if ctx.past[i] is not None:
-        key = torch.cat([ctx.past[i][0], key], dim=2)  # (batch, kv_head, slots + cols, head_dim)
-        value = torch.cat([ctx.past[i][1], value], dim=2)
-    ctx.keys[i], ctx.values[i] = key, value
-    mask = ctx.plain_mask
-    inserting = i == ctx.insertion_layer and ctx.h_prev is not None
-    if inserting:
-        # Inside the layer's forward, where FSDP2 has gathered the layer's weights. h_prev is one extra key/value
-        # per kv head only: it never becomes a query, so the outputs stay one per token.
-        h_key, h_value = ctx.h_prev_kv if ctx.h_prev_kv is not None else _h_prev_key_value(module, ctx)
-        key, value, mask = torch.cat([h_key, key], dim=2), torch.cat([h_value, value], dim=2), ctx.inserted_mask
-    output, weights = _inner_attention(module, ctx.eager)(module, query, key, value, mask, **kwargs)
-    if ctx.output_attentions:
-        ctx.weights[i] = (weights, inserting)
-    return output, weights
-
-
-for _inner in INNER_ATTENTIONS:
-    # A name outside transformers' mask-function table: create_causal_mask then returns None and builds nothing.
-    AttentionInterface.register(RECURRENT_PREFIX + _inner, recurrent_attention)
-
-
-def _decoder_layers(backbone: PreTrainedModel) -> nn.ModuleList:
-    base = backbone.base_model
-    return base.layers if hasattr(base, "layers") else base.h
-
-
-def _attention_module(layer: nn.Module) -> nn.Module:
-    return layer.self_attn if hasattr(layer, "self_attn") else layer.attn
-
-
-def _cache_geometry(text_config: PreTrainedConfig) -> dict[str, int]:
-    """The sizes of the per-layer key/value cache a state holds for a backbone with `text_config`."""
-    heads = text_config.num_attention_heads
-    return {
-        "layers": text_config.num_hidden_layers,
-        "key_value_heads": getattr(text_config, "num_key_value_heads", None) or heads,
-        "head_dim": getattr(text_config, "head_dim", None) or text_config.hidden_size // heads,
-        "hidden_size": text_config.hidden_size,
-    }
-
-
-def _activation_name(text_config: PreTrainedConfig) -> str:
-    """The backbone's feed-forward activation, which the recurrence network uses too."""
-    for name in ("hidden_activation", "hidden_act", "activation_function"):
-        value = getattr(text_config, name, None)
-        if isinstance(value, str):
-            return value
-    return "gelu"
-
-
-# Bumped whenever the tensors or the header of a saved state change meaning; a reader refuses other versions.
-STATE_FILE_FORMAT_VERSION = 1
-# The safetensors metadata key whose JSON value describes a saved state.
-_STATE_HEADER_KEY = "hf_recurrence_state"
-
-
-def _write_state_file(
-    path: str | os.PathLike, tensors: dict[str, torch.Tensor], header: dict, overwrite: bool
-) -> None:
-    """Write `tensors` and the JSON `header` to a safetensors file, readable by its owner only (it holds what the
-    model read). The file is written under a temporary name beside `path` and put in place in one step, so a failed
-    write never leaves half a state or a temporary file behind. Without `overwrite` the final name is created
-    exclusively (a hard link fails if the name exists), so of two writers of one path only one succeeds."""
-    path = Path(path)
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
-    header = {**header, "format_version": STATE_FILE_FORMAT_VERSION}
-    # safetensors refuses tensors that share memory (a fresh state repeats one empty cache tensor per layer).
-    owned = {name: t.detach().contiguous().clone() for name, t in tensors.items()}
-    descriptor, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    os.close(descriptor)
-    try:
-        save_file(owned, partial, metadata={_STATE_HEADER_KEY: json.dumps(header, sort_keys=True)})
-        if overwrite:
-            os.replace(partial, path)
-        else:
-            try:
-                os.link(partial, path)
-            except FileExistsError:
-                raise FileExistsError(
-                    f"{path} was created by another writer meanwhile; pass overwrite=True to replace it"
-                ) from None
-    finally:
-        Path(partial).unlink(missing_ok=True)
-
-
-def _read_state_file(
-    path: str | os.PathLike, family: str, device: torch.device | str | None
-) -> tuple[dict[str, torch.Tensor], dict]:
-    """The tensors (on `device`) and the header of a state file written by `_write_state_file` for `family`."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"No state file at {path}")
-    try:
-        with safe_open(str(path), framework="pt", device="cpu" if device is None else str(device)) as file:
-            raw = (file.metadata() or {}).get(_STATE_HEADER_KEY)
-            if raw is None:
-                # Refused before reading any tensor: a weights file may be large.
-                raise ValueError(
-                    f"{path} is not a saved recurrent state: its safetensors header has no {_STATE_HEADER_KEY!r}"
-                )
-            tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 (no __iter__)
-    except SafetensorError as error:
-        raise ValueError(f"{path} is not a safetensors file: {error}") from None
-    try:
-        header = json.loads(raw)
-    except (ValueError, RecursionError) as error:
-        raise ValueError(f"{path} has a malformed state header ({_STATE_HEADER_KEY!r}): {error}") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{path} has a malformed state header: a JSON {type(header).__name__}, not an object")
-    if header.get("family") != family:
-        raise ValueError(
-            f"{path} holds a state of the {header.get('family')!r} family; this model family is {family!r}"
-        )
-    if header.get("format_version") != STATE_FILE_FORMAT_VERSION:
-        raise ValueError(
-            f"{path} was written in state file format version {header.get('format_version')!r}; this version of "
-            f"hf_recurrence reads version {STATE_FILE_FORMAT_VERSION} only"
-        )
-    return tensors, header
-
-
-def _header_int(header: dict, name: str, source: object, minimum: int = 0) -> int:
-    """The whole number `header[name]`, refused unless it is one (not a bool, float or string) and >= `minimum`."""
-    value = header.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"{source} has a malformed {name!r} in its header: {value!r}, expected an integer >= {minimum}"
-        )
-    return value
-
-
-def _check_finite(tensors: dict[str, torch.Tensor], source: object) -> None:
-    """Refuse NaN or infinite values, which no run of the model leaves in a state and which would reach the logits."""
-    for name, tensor in tensors.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise ValueError(f"{source} has non-finite values (NaN or inf) in {name!r}")
-
-
-def _check_state_model_shape(found: dict, expected: dict, source: object) -> None:
-    """Refuse a state of another model shape (backbone, layers, heads, sizes), batch size or dtype than `expected`,
-    naming every difference in one error."""
-    found = found if isinstance(found, dict) else {}
-    differences = [
-        f"{key}={found.get(key)!r} ({'the input' if key == 'batch_size' else 'this model'}: {value!r})"
-        for key, value in expected.items()
-        if found.get(key) != value
-    ]
-    if differences:
-        cast = "dtype" in expected and found.get("dtype") != expected["dtype"]
-        raise ValueError(
-            f"{source} does not fit this model: "
-            + ", ".join(differences)
-            + ("; cast the state with state.to(dtype=...) or load the model in the state's dtype" if cast else "")
-        )
 
 
 def _refuse_export(model: nn.Module) -> None:
@@ -467,6 +140,30 @@ def _drop_cross_document_targets(targets: torch.Tensor, position_ids: torch.Tens
     return targets.masked_fill(next_starts.to(targets.device), -100)
 
 
+def _step_settings(
+    state: RecurrentDecoderState,
+    num_new: int,
+    logits_to_keep: int | torch.Tensor | None,
+    step_head: Callable | None,
+    output_hidden_states: bool,
+    output_attentions: bool,
+) -> _StepSettings:
+    """The settings of the next step over `state`, with what its lockstep tells on the host, as the state runs its
+    steps (`RecurrentDecoderState.step_settings`)."""
+    lockstep = state.lockstep
+    settings = _StepSettings(
+        num_new=num_new,
+        window_size=state.window_size,
+        logits_to_keep=logits_to_keep,
+        step_head=step_head,
+        output_hidden_states=output_hidden_states,
+        output_attentions=output_attentions,
+        uses_h_prev=None if lockstep is None else lockstep[1] > 0,
+        all_real=None if lockstep is None else True,
+    )
+    return state.step_settings(settings)
+
+
 class RecurrentDecoderWindowStep(GradientCheckpointingLayer):
     """The unit that gradient checkpointing recomputes: the whole backbone over one stretch of a window (`run`, the
     model's `_step`). It holds no weights, so the backbone keeps its checkpoint names. Checkpointing whole window
@@ -476,703 +173,6 @@ class RecurrentDecoderWindowStep(GradientCheckpointingLayer):
         # Everything positional and a flat tuple out: the reentrant checkpoint connects only the tensors of a tuple
         # output to the graph, and its recompute must see this call's arguments.
         return run(settings, *tensors).flat()
-
-
-class RecurrentDecoderRecurrence(nn.Module):
-    """The paper's recurrence module: softmax-normalised layer weights and the feed-forward network to `h_prev`."""
-
-    def __init__(self, config: RecurrentDecoderConfig):
-        super().__init__()
-        text = config.text_config
-        # alpha of paper Eq. 1, one logit per layer output
-        self.layer_weight_logits = nn.Parameter(torch.zeros(text.num_hidden_layers))
-        sizes = [text.hidden_size, *config.recurrence_hidden_sizes]
-        layers: list[nn.Module] = []
-        for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
-            layers += [nn.Linear(fan_in, fan_out), ACT2FN[_activation_name(text)]]
-        layers.append(nn.Linear(sizes[-1], text.hidden_size))
-        self.ffn = nn.Sequential(*layers)
-
-    def layer_weights(self) -> torch.Tensor:
-        return torch.softmax(self.layer_weight_logits.float(), dim=0)  # (num_hidden_layers,)
-
-    def forward(self, window_summary: torch.Tensor) -> torch.Tensor:
-        return self.ffn(window_summary)  # (batch, hidden)
-
-
-class RecurrentDecoderState:
-    """Everything the recurrence carries from one call to the next, passed as `past_key_values` (`cache` from
-    transformers 5.24 on).
-
-    The model reads its input in windows of `window_size` tokens that repeat the last `window_overlap` tokens of the
-    previous window; the schedule belongs to the state (the config's by default) and is fixed for its life. Per row:
-
-    - `keys[i]`, `values[i]`: `(batch, kv_heads, slots, head_dim)` key/value cache of layer `i` for the current
-      window, as the layer's attention received them (rotated, normed); padding slots are marked in `slot_valid`,
-    - `fill`: `(batch,)` real tokens in the current window, and `window_index`: `(batch,)` windows completed,
-    - `pooled_sum`: `(batch, hidden)` float32 running sum of the layer-weighted hidden states of the current window,
-    - `h_prev`: `(batch, hidden)` the summary of the previous window that the current one sees,
-    - `overlap_embeds`: `(batch, window_overlap, hidden)` token embeddings of the last `window_overlap` real tokens,
-      which the next window re-reads, with `overlap_valid`: `(batch, window_overlap)`.
-
-    What users call: `save`, `load`, `reset`, `detach`, `to`, `reorder_cache`, `get_seq_length`. What the model calls,
-    once per step and in this order: `next_step` (plan the step), `start_windows` (rows whose window is full begin the
-    next one, with its `h_prev`), `with_overlap` (the columns re-read), then `append_step` (record the step); and
-    `begin_documents` where a packed document starts. Rows advance independently, so a left-padded batch gives every
-    row what it gets alone. Tensors keep their autograd history; `detach()` between calls truncates it.
-
-    A state holds what the model read: treat it (and a file written by `save()`, readable by its owner only) as you
-    would the text itself. A state is not thread-safe: every call updates it in place, so two threads must not run
-    the model on one state at once (give each thread its own state).
-    """
-
-    # generate() asks every cache whether it can be compiled.
-    is_compileable = False
-    # transformers >= 5.24's generate() slices a prompt by get_seq_length() only for a cache with some layer that is
-    # not linear attention (a linear layer has no length); the state has a length.
-    is_linear = (False,)
-    # The model_type this state belongs to: what a saved state's header names, and how copies of this class (the
-    # installed one and one loaded as Hub remote code) recognise each other's states.
-    _family = "recurrent_decoder"
-
-    _BATCH_TENSORS = (
-        "slot_valid",
-        "fill",
-        "window_index",
-        "pooled_sum",
-        "h_prev",
-        "overlap_embeds",
-        "overlap_valid",
-    )
-
-    def __init__(
-        self,
-        config: RecurrentDecoderConfig,
-        batch_size: int,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.float32,
-        window_size: int | None = None,
-        window_overlap: int | None = None,
-    ):
-        window_size = config.window_size if window_size is None else window_size
-        window_overlap = config.window_overlap if window_overlap is None else window_overlap
-        config.check_window_schedule(window_size, window_overlap)
-        self._window_size, self._window_overlap = window_size, window_overlap
-        geometry = _cache_geometry(config.text_config)
-        hidden = geometry["hidden_size"]
-        empty_cache = torch.zeros(
-            batch_size, geometry["key_value_heads"], 0, geometry["head_dim"], device=device, dtype=dtype
-        )
-        self.keys = [empty_cache] * geometry["layers"]
-        self.values = [empty_cache] * geometry["layers"]
-        self.slot_valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
-        self.fill = torch.zeros(batch_size, dtype=torch.long, device=device)
-        self.window_index = torch.zeros(batch_size, dtype=torch.long, device=device)
-        self.pooled_sum = torch.zeros(batch_size, hidden, device=device, dtype=torch.float32)
-        self.h_prev = torch.zeros(batch_size, hidden, device=device, dtype=dtype)
-        self.overlap_embeds = torch.zeros(batch_size, window_overlap, hidden, device=device, dtype=dtype)
-        self.overlap_valid = torch.zeros(batch_size, window_overlap, dtype=torch.bool, device=device)
-        self.seen_tokens = 0
-        # (fill, window_index) shared by every row, known on the host, while no row has read padding: the schedule
-        # is then planned without reading the device. None once rows may differ.
-        self._lockstep: tuple[int, int] | None = (0, 0)
-        self._backbone = config.text_config.model_type
-
-    @property
-    def batch_size(self) -> int:
-        return self.fill.shape[0]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype of the model this state runs with (its float tensors but the float32 pooled sum)."""
-        return self.h_prev.dtype
-
-    @property
-    def window_size(self) -> int:
-        """Tokens per window of this state's run (read-only: the rows' fill counts are relative to it)."""
-        return self._window_size
-
-    @property
-    def window_overlap(self) -> int:
-        """Tokens each window re-reads from the one before (read-only: `overlap_embeds` is sized by it)."""
-        return self._window_overlap
-
-    @property
-    def has_h_prev(self) -> torch.Tensor:
-        """(batch,) bool: whether the current window of each row has an `h_prev` (every window but the first)."""
-        return self.window_index > 0
-
-    @property
-    def lockstep(self) -> tuple[int, int] | None:
-        """`(fill, window_index)` of every row while all rows have read the same number of tokens and no padding;
-        None otherwise."""
-        return self._lockstep
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Number of input positions (padding included) consumed so far; what `generate` slices new tokens by."""
-        return self.seen_tokens
-
-    def detach(self) -> "RecurrentDecoderState":
-        """Cut the autograd history of every tensor (truncated BPTT between calls). Returns `self`."""
-        return self._map(torch.Tensor.detach)
-
-    def reset(self) -> "RecurrentDecoderState":
-        """Forget everything: the next token starts a fresh first window. Returns `self`."""
-        self._empty_cache()
-        for name in ("fill", "window_index", "pooled_sum", "h_prev", "overlap_embeds", "overlap_valid"):
-            setattr(self, name, torch.zeros_like(getattr(self, name)))
-        self.seen_tokens = 0
-        self._lockstep = (0, 0)
-        return self
-
-    def to(
-        self, device: torch.device | str | None = None, dtype: torch.dtype | None = None
-    ) -> "RecurrentDecoderState":
-        """Move to `device`; floating tensors other than the float32 pooled sum are cast to `dtype`. Returns `self`."""
-
-        def move(t: torch.Tensor) -> torch.Tensor:
-            cast = dtype if dtype is not None and t.is_floating_point() and t is not self.pooled_sum else None
-            return t.to(device=device, dtype=cast)
-
-        return self._map(move)
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Select batch rows (beam search): row `i` becomes old row `beam_idx[i]`."""
-        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def save(self, path: str | os.PathLike, overwrite: bool = False) -> None:
-        """Write the state to a safetensors file (its tensors plus a JSON header: family, format version, model shape,
-        the state's settings), to continue the text later, elsewhere, or with the model loaded as remote code.
-        Autograd history is not saved. Refuses to replace an existing file unless `overwrite=True`."""
-        tensors, header = self._file_contents()
-        _write_state_file(path, tensors, header, overwrite)
-
-    @classmethod
-    def load(
-        cls, path: str | os.PathLike, config: RecurrentDecoderConfig, device: torch.device | str | None = None
-    ) -> "RecurrentDecoderState":
-        """Read a state written by `save()` for a model with `config`, onto `device` (default: CPU).
-
-        Refuses, naming the difference, a file of another model family, of another backbone or model shape, of
-        another state file format version, or with settings this config cannot run. The state is only meaningful
-        with the weights that produced it; that is not checked.
-        """
-        tensors, header = _read_state_file(path, cls._family, device)
-        _check_state_model_shape(header.get("model_shape"), cls._config_model_shape(config), path)
-        return cls._from_file_contents(config, tensors, header, path)
-
-    @classmethod
-    def adopt(
-        cls, state: object, config: RecurrentDecoderConfig, batch_size: int, dtype: torch.dtype
-    ) -> "RecurrentDecoderState":
-        """`state` as an instance of this class, checked to fit a model with `config` reading `batch_size` rows in
-        `dtype` (every difference in one error): itself, or a state of the same family built by another copy of this
-        class (the installed package's vs the one loaded as Hub remote code), rebuilt from its tensors (not copied)
-        and checked as a file is."""
-        if not isinstance(state, cls):
-            state = cls._adopt_other_copy(state, config)
-        found = {**state._model_shape(), "batch_size": state.batch_size, "dtype": state.dtype}
-        expected = {**cls._config_model_shape(config), "batch_size": batch_size, "dtype": dtype}
-        _check_state_model_shape(found, expected, STATE_NAME)
-        return state
-
-    @classmethod
-    def _adopt_other_copy(cls, state: object, config: RecurrentDecoderConfig) -> "RecurrentDecoderState":
-        if type(state).__name__ != cls.__name__ or getattr(state, "_family", None) != cls._family:
-            # PEFT prefix tuning is the usual source of a transformers Cache here: it pre-fills one with its
-            # virtual tokens, which a state bounded by one window has no place for.
-            raise TypeError(
-                f"{STATE_NAME} must be a {cls.__name__} returned by this model (or saved by one and read with "
-                f"{cls.__name__}.load), got {type(state).__name__}. A transformers Cache cannot carry this model's "
-                "recurrent state, so PEFT prefix tuning (which passes one holding its virtual tokens) is not "
-                "supported; LoRA and prompt tuning are"
-            )
-        tensors, header = state._file_contents()
-        source = f"the {type(state).__module__} state"
-        _check_state_model_shape(header.get("model_shape"), cls._config_model_shape(config), source)
-        return cls._from_file_contents(config, tensors, header, source)
-
-    def next_step(self, real: torch.Tensor) -> tuple[torch.Tensor | None, int, int]:
-        """Plan the next step over the input columns still to read, `real` ((batch, remaining) bool, True at real
-        tokens). Returns the rows that begin a new window first ((batch,) bool: a full window and a real token to
-        come; None if no row does), how many tokens those rows re-read (`window_overlap`, or 0 when none begins), and
-        how many columns the step takes: as many as fit in the window of every row that has a real token to come.
-        """
-        if self._lockstep is not None:
-            # Every row begins a window when one does, and nothing is read from the device (`real` is all True).
-            fill, _ = self._lockstep
-            if fill < self.window_size:
-                return None, 0, min(real.shape[1], self.window_size - fill)
-            starting = torch.ones(self.batch_size, dtype=torch.bool, device=self.fill.device)
-            return starting, self.window_overlap, min(real.shape[1], self.window_size - self.window_overlap)
-        pending = real.any(1)
-        starting = (self.fill == self.window_size) & pending
-        if not bool(starting.any()):
-            starting = None
-        reread = self.window_overlap if starting is not None else 0
-        fill = self.fill if starting is None else torch.where(starting, reread, self.fill)  # once the windows begin
-        room = self.window_size - fill
-        width = int(room[pending].min()) if bool(pending.any()) else real.shape[1]
-        return starting, reread, min(real.shape[1], width)
-
-    def leave_lockstep(self) -> None:
-        """The rows may differ from now on (an input with padding): plan every step from the per-row tensors."""
-        self._lockstep = None
-
-    def start_windows(self, starting: torch.Tensor, h_prev: torch.Tensor) -> None:
-        """Begin a new window in the `starting` rows ((batch,) bool): it sees `h_prev` ((batch, hidden), the summary
-        of the window they close; other rows' values are ignored) and starts with an empty cache."""
-        if self._lockstep is not None:
-            # Every row starts: no per-row selection, and the cache empties without being read.
-            self.h_prev = h_prev.to(torch.promote_types(h_prev.dtype, self.h_prev.dtype))  # as torch.where would
-            self.pooled_sum = torch.zeros_like(self.pooled_sum)
-            self.window_index = self.window_index + 1
-            self.fill = torch.zeros_like(self.fill)
-            self._empty_cache()
-            self._lockstep = (0, self._lockstep[1] + 1)
-            return
-        rows = starting[:, None]
-        self.h_prev = torch.where(rows, h_prev, self.h_prev)
-        self.pooled_sum = torch.where(rows, torch.zeros_like(self.pooled_sum), self.pooled_sum)
-        self.window_index = self.window_index + starting.long()
-        self.fill = torch.where(starting, torch.zeros_like(self.fill), self.fill)
-        self.slot_valid = self.slot_valid & ~rows
-        self._compact()
-
-    def begin_documents(self, rows: torch.Tensor) -> None:
-        """Forget the text of the `rows` ((batch,) bool): their next token starts a new document in a first window
-        without `h_prev` or overlap to re-read, as in a new state (a boundary of packed sequences)."""
-        self.leave_lockstep()
-        self.start_windows(rows, torch.zeros_like(self.h_prev))
-        self.window_index = self.window_index.masked_fill(rows, 0)
-        self.overlap_valid = self.overlap_valid & ~rows[:, None]
-
-    def with_overlap(
-        self, embeds: torch.Tensor, real: torch.Tensor, starting: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A step's columns when windows begin: the overlap the `starting` rows re-read (padding in the other rows),
-        then the new columns; (batch, overlap + new, hidden) embeddings and (batch, overlap + new) real mask."""
-        embeds = torch.cat([self.overlap_embeds, embeds], dim=1)
-        real = torch.cat([self.overlap_valid & starting[:, None], real], dim=1)
-        return embeds, real
-
-    def append_step(
-        self,
-        keys: list[torch.Tensor],
-        values: list[torch.Tensor],
-        step_real: torch.Tensor,
-        pooled: torch.Tensor,
-        new_embeds: torch.Tensor,
-        new_real: torch.Tensor,
-    ) -> None:
-        """Record a step: every layer's cache of the current window, the step's real-token mask `step_real`
-        (batch, cols) (any re-read overlap, then the new columns), the layer-weighted sum of its hidden states
-        `pooled` (batch, hidden), and the new columns' embeddings (batch, new, hidden) and mask (batch, new)."""
-        self._record_cache(keys, values, step_real)
-        self.fill = self.fill + step_real.sum(1)
-        if self._lockstep is not None:
-            self._lockstep = (self._lockstep[0] + step_real.shape[1], self._lockstep[1])
-        self.pooled_sum = self.pooled_sum + pooled
-        self._remember_overlap(new_embeds, new_real)
-        self.seen_tokens += new_real.shape[1]
-
-    def _record_cache(self, keys: list[torch.Tensor], values: list[torch.Tensor], step_real: torch.Tensor) -> None:
-        """Keep a step's per-layer keys/values (cached slots then the step's columns) and mark its real columns; runs
-        before `fill` counts them."""
-        self.keys, self.values = keys, values
-        self.slot_valid = torch.cat([self.slot_valid, step_real], dim=1)
-        if self.slot_valid.shape[1] > self.window_size:
-            # Padding columns occupy slots without filling windows; drop them so memory stays one window.
-            self._compact()
-
-    def window_summary(self) -> torch.Tensor:
-        """(batch, hidden) float32: each row's layer-weighted hidden states averaged over its current window."""
-        return self.pooled_sum / self.fill.clamp(min=1)[:, None]
-
-    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "RecurrentDecoderState":
-        self.keys = [fn(k) for k in self.keys]
-        self.values = [fn(v) for v in self.values]
-        for name in self._BATCH_TENSORS:
-            setattr(self, name, fn(getattr(self, name)))
-        return self
-
-    def _compact(self) -> None:
-        """Drop cache slots that no row needs, moving each row's valid slots to the right."""
-        slots = self.slot_valid.shape[1]
-        width = int(self.slot_valid.sum(1).max()) if slots else 0
-        if width == slots:
-            return
-        if width == 0:
-            self._empty_cache()
-            return
-        index = _right_packing_index(self.slot_valid, width)
-        self.keys = [_gather_slots(k, index, 2) for k in self.keys]
-        self.values = [_gather_slots(v, index, 2) for v in self.values]
-        self.slot_valid = self.slot_valid.gather(1, index)
-
-    def _empty_cache(self) -> None:
-        # Fresh empty tensors: a gather or a slice would keep the dropped keys' storage alive in the autograd graph.
-        self.keys = [k.new_zeros(*k.shape[:2], 0, k.shape[3]) for k in self.keys]
-        self.values = [v.new_zeros(*v.shape[:2], 0, v.shape[3]) for v in self.values]
-        self.slot_valid = self.slot_valid.new_zeros(self.batch_size, 0)
-
-    def _remember_overlap(self, embeds: torch.Tensor, real: torch.Tensor) -> None:
-        """Keep the embeddings of the last `window_overlap` real tokens: (batch, new, hidden), (batch, new)."""
-        if self.window_overlap == 0:
-            return
-        embeds = torch.cat([self.overlap_embeds, embeds], dim=1)
-        real = torch.cat([self.overlap_valid, real], dim=1)
-        index = _right_packing_index(real, self.window_overlap)
-        self.overlap_embeds = _gather_slots(embeds, index, 1)
-        self.overlap_valid = real.gather(1, index)
-
-    @classmethod
-    def _config_model_shape(cls, config: RecurrentDecoderConfig) -> dict:
-        """The backbone and sizes of a model that a state belongs to, as a saved state records them (a named
-        family's states, saved before the core, do not record their one backbone)."""
-        backbone = {"backbone": config.text_config.model_type} if cls._family == RecurrentDecoderState._family else {}
-        return {**backbone, **_cache_geometry(config.text_config)}
-
-    def _file_contents(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """Every tensor by name and the header that lets `_from_file_contents` rebuild the state."""
-        tensors = {name: getattr(self, name) for name in self._BATCH_TENSORS}
-        for i, (key, value) in enumerate(zip(self.keys, self.values, strict=True)):
-            tensors[f"keys.{i}"], tensors[f"values.{i}"] = key, value
-        header = {
-            "family": self._family,
-            "window_size": self.window_size,
-            "window_overlap": self.window_overlap,
-            "seen_tokens": self.seen_tokens,
-            "lockstep": self._lockstep,
-            "model_shape": self._model_shape(),
-        }
-        return tensors, header
-
-    def _model_shape(self) -> dict:
-        """The backbone and sizes of the model this state's tensors come from, as `_config_model_shape` gives them."""
-        key = self.keys[0]  # (batch, kv_heads, slots, head_dim)
-        return {
-            "backbone": self._backbone,
-            "layers": len(self.keys),
-            "key_value_heads": key.shape[1],
-            "head_dim": key.shape[3],
-            "hidden_size": self.h_prev.shape[1],
-        }
-
-    @classmethod
-    def _from_file_contents(
-        cls, config: RecurrentDecoderConfig, tensors: dict[str, torch.Tensor], header: dict, source: object
-    ) -> "RecurrentDecoderState":
-        """The state that `_file_contents` described, checked tensor by tensor against a fresh one's shapes."""
-        window_size = _header_int(header, "window_size", source, minimum=1)
-        window_overlap = _header_int(header, "window_overlap", source)
-        seen_tokens = _header_int(header, "seen_tokens", source)
-        try:
-            batch = tensors["fill"].shape[0]
-            layers = config.text_config.num_hidden_layers
-            keys = [tensors[f"keys.{i}"] for i in range(layers)]
-            values = [tensors[f"values.{i}"] for i in range(layers)]
-        except KeyError as error:
-            raise ValueError(f"{source} is not a complete recurrent state: it lacks {error}") from None
-        fill = tensors["fill"]
-        try:
-            state = cls(
-                config, batch, fill.device, keys[0].dtype, window_size=window_size, window_overlap=window_overlap
-            )
-        except ValueError as error:
-            raise ValueError(f"{source} cannot run with this model: {error}") from None
-        slots = tensors["slot_valid"].shape[1] if "slot_valid" in tensors else 0
-        for name in cls._BATCH_TENSORS:
-            fresh = getattr(state, name)
-            given = tensors.get(name)
-            expected = (batch, slots) if name == "slot_valid" else fresh.shape
-            if given is None or given.shape != expected or given.dtype != fresh.dtype:
-                raise ValueError(
-                    f"{source} has a malformed {name!r}: expected {tuple(expected)} {fresh.dtype}, got "
-                    f"{None if given is None else (tuple(given.shape), given.dtype)}"
-                )
-            setattr(state, name, given)
-        expected_cache = (batch, state.keys[0].shape[1], slots, state.keys[0].shape[3])
-        for name, cache in (("keys", keys), ("values", values)):
-            if any(t.shape != expected_cache or t.dtype != state.dtype for t in cache):
-                raise ValueError(
-                    f"{source} has {name} of shapes {[tuple(t.shape) for t in cache]} and dtypes "
-                    f"{sorted({str(t.dtype) for t in cache})}, expected {expected_cache} {state.dtype}"
-                )
-        state.keys, state.values = keys, values
-        state.seen_tokens = seen_tokens
-        state._check_values(source)
-        lockstep = header.get("lockstep")
-        if lockstep is not None:
-            if not (
-                isinstance(lockstep, list | tuple)
-                and len(lockstep) == 2
-                and all(isinstance(n, int) and not isinstance(n, bool) for n in lockstep)
-            ):
-                raise ValueError(f"{source} has a malformed 'lockstep' in its header: {lockstep!r}")
-            fill, window_index = lockstep
-            if not (bool((state.fill == fill).all()) and bool((state.window_index == window_index).all())):
-                raise ValueError(
-                    f"{source} claims every row at fill {fill} of window {window_index}, which its rows are not"
-                )
-            state._lockstep = (fill, window_index)
-        else:
-            state._lockstep = None
-        return state
-
-    def _check_values(self, source: object) -> None:
-        """Refuse what no run of the model leaves in a state: non-finite tensors, window counters outside the window
-        or inconsistent with the cache and with `seen_tokens`."""
-        tensors, _ = self._file_contents()
-        _check_finite(tensors, source)
-        size, overlap = self.window_size, self.window_overlap
-        if bool(((self.fill < 0) | (self.fill > size)).any()) or bool((self.window_index < 0).any()):
-            raise ValueError(
-                f"{source} has 'fill' {self.fill.tolist()} or 'window_index' {self.window_index.tolist()} outside "
-                f"the window (0 <= fill <= window_size={size}, window_index >= 0)"
-            )
-        if not torch.equal(self.slot_valid.sum(1), self.fill):
-            raise ValueError(
-                f"{source} has 'fill' {self.fill.tolist()} but {self.slot_valid.sum(1).tolist()} valid cache slots "
-                "('slot_valid')"
-            )
-        # Tokens each row has read at least: its first window, then window_size - window_overlap new ones per window.
-        read = torch.where(
-            self.window_index > 0, size + (self.window_index - 1) * (size - overlap) + self.fill - overlap, self.fill
-        )
-        if bool((read > self.seen_tokens).any()):
-            raise ValueError(
-                f"{source} has 'seen_tokens'={self.seen_tokens}, fewer than its rows have read ({read.tolist()}, from "
-                "'window_index' and 'fill')"
-            )
-
-    def __repr__(self) -> str:
-        return (
-            f"{self.__class__.__name__}(backbone={self._backbone!r}, batch_size={self.batch_size}, "
-            f"seen_tokens={self.seen_tokens}, window_size={self.window_size}, window_overlap={self.window_overlap}, "
-            f"fill={self.fill.tolist()}, window_index={self.window_index.tolist()}, "
-            f"cache_slots={self.slot_valid.shape[1]})"
-        )
-
-
-# Fixed-shape window cache: generate(cache_implementation="static").
-#
-# transformers checks `cache_implementation` against its own list of names (GenerationConfig.validate), so a name of
-# our own cannot reach the model; ours answers to "static", whose meaning it keeps: a cache preallocated at one shape
-# for the whole run and written in place, so that the single-token decode step compiles once.
-
-# The cache_implementation that selects the fixed-shape state.
-FIXED_SHAPE_CACHE_IMPLEMENTATION = "static"
-
-
-class FixedShapeWindowCache:
-    """Mixin over a state class: each layer's window cache is a preallocated `(batch, kv_heads, 1 + window_size,
-    head_dim)` buffer written in place, instead of a tensor that grows by one slot per token and is compacted.
-
-    A row's token at window position `j` lives in slot `j`, so a row's valid slots are always its first `fill` ones;
-    slot `window_size` receives the step's padding columns and is never valid. A new window only clears `slot_valid`:
-    the stale keys are masked until overwritten. Every single-token step thus sees tensors of the same shapes, and the
-    model runs it compiled when `compile_config` is set (see `_fixed_shape_decode`): the step, the cache write and the
-    state's bookkeeping in one graph that updates the state's tensors in place. Meant for inference.
-    """
-
-    # How the model compiles the single-token step for this state (set by generate(), as for the stock static cache);
-    # None runs it eagerly.
-    compile_config: CompileConfig | None = None
-
-    def __init__(
-        self,
-        config: RecurrentDecoderConfig,
-        batch_size: int,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.float32,
-        window_size: int | None = None,
-        window_overlap: int | None = None,
-    ):
-        super().__init__(config, batch_size, device, dtype, window_size, window_overlap)
-        slots = self.window_size + 1
-        # One buffer per layer (the base class shares one empty tensor): (batch, kv_heads, 1 + window_size, head_dim).
-        self.keys = [k.new_zeros(*k.shape[:2], slots, k.shape[3]) for k in self.keys]
-        self.values = [v.new_zeros(*v.shape[:2], slots, v.shape[3]) for v in self.values]
-        self.slot_valid = self.slot_valid.new_zeros(self.batch_size, slots)  # (batch, 1 + window_size)
-        # A bound on every row's fill known on the host (None: not known), so that a compiled single-token step knows
-        # without reading the device that no row begins a window in it; the compiled steps raise it by one each.
-        self._fill_bound: int | None = None
-        # (h_prev, the model, h_prev's key, its value) at the model's insertion layer: fixed for a whole window.
-        self._h_prev_kv: tuple[torch.Tensor, weakref.ref, torch.Tensor, torch.Tensor] | None = None
-        # The model whose eager call last checked this state (inputs, config, shapes): its compiled single-token
-        # calls trust that check instead of repeating it per token (see `RecurrentDecoderForCausalLM.forward`).
-        self._checked_by: weakref.ref | None = None
-
-    def h_prev_key_value(self, model: "RecurrentDecoderWindowModel") -> tuple[torch.Tensor, torch.Tensor]:
-        """`h_prev`'s key and value at `model`'s insertion layer, (batch, kv_heads, 1, head_dim) each: computed when
-        `h_prev` changed (every change binds a new tensor: `start_windows`, `reset`, `to`, `reorder_cache`), else
-        kept. They hold the weights of the call that computed them: meant for a text read with fixed weights."""
-        cached = self._h_prev_kv
-        if cached is None or cached[0] is not self.h_prev or cached[1]() is not model:
-            cached = self._h_prev_kv = (self.h_prev, weakref.ref(model), *model._h_prev_key_value(self.h_prev))
-        return cached[2], cached[3]
-
-    def decodes_inside_windows(self) -> bool:
-        """Whether the next single-token step begins no window in any row (every fill below `window_size`), known
-        on the host: from the lockstep, from the bound the compiled steps keep, or else read from the device (once
-        after each call that ran eagerly, so about once per window and row offset)."""
-        if self._fill_bound is None:
-            self._fill_bound = self.lockstep[0] if self.lockstep is not None else int(self.fill.max())
-        return self._fill_bound < self.window_size
-
-    def _record_cache(self, keys: list[torch.Tensor], values: list[torch.Tensor], step_real: torch.Tensor) -> None:
-        """Write the step's columns, the last `cols` of each layer's (batch, kv_heads, slots + cols, head_dim) keys
-        and values, into the buffers: a real column at its window position, padding into the spare slot."""
-        self._fill_bound = None  # an eager step: the next compiled one reads the fills again
-        cols = step_real.shape[1]
-        # (batch, cols): window position of each real column (steps stay inside every row's window), else the spare.
-        slot = torch.where(step_real, self.fill[:, None] + step_real.cumsum(1) - 1, self.window_size)
-        for buffer, step in zip(self.keys + self.values, keys + values, strict=True):
-            index = slot[:, None, :, None].expand(step.shape[0], step.shape[1], cols, step.shape[3])
-            buffer.scatter_(2, index, step[:, :, -cols:])
-        self.slot_valid = self.slot_valid.scatter(1, slot, step_real)
-
-    def _compact(self) -> None:
-        """Nothing to move: each row's valid slots are already its first `fill` ones."""
-
-    def _empty_cache(self) -> None:
-        # The stale keys stay, masked, until the window's tokens overwrite them.
-        self.slot_valid = torch.zeros_like(self.slot_valid)
-
-
-@functools.cache
-def fixed_shape_state_class(state_class: type[RecurrentDecoderState]) -> type[RecurrentDecoderState]:
-    """`state_class` with the fixed-shape window cache: still an instance of `state_class` (same family, same files),
-    so the models of that family take it as their state."""
-    return type(f"FixedShape{state_class.__name__}", (FixedShapeWindowCache, state_class), {"__module__": __name__})
-
-
-def _fixed_shape_step(state: RecurrentDecoderState, settings: "_StepSettings") -> "_StepSettings":
-    """A step's settings over `state`: over a fixed-shape state the step always joins `h_prev` (masked in rows whose
-    window has none) and reads whether columns are real from the mask, as the compiled single-token step does."""
-    if not isinstance(state, FixedShapeWindowCache):
-        return settings
-    return replace(settings, uses_h_prev=True, all_real=None)
-
-
-def _fixed_shape_decode(
-    model: "RecurrentDecoderWindowModel", state: RecurrentDecoderState, embeds: torch.Tensor, real: torch.Tensor
-) -> torch.Tensor | None:
-    """The (batch, 1, vocab) logits of one new column (`embeds` (batch, 1, hidden), `real` (batch, 1)) over a
-    fixed-shape state with a `compile_config`, from one compiled step that also writes the cache and advances the
-    state in place; None where the state is not such a state, gradients are on, or some row may begin a window in
-    this step (that step runs eagerly: it re-reads the overlap and computes the new `h_prev`). The caller checks that
-    the call asks for nothing else (logits of its one column, no loss, hidden states or attentions, no document start).
-
-    Reads nothing from the device but once after each eager step (`decodes_inside_windows`); leaves the lockstep,
-    since whether the column is real is not read.
-    """
-    if (
-        not isinstance(state, FixedShapeWindowCache)
-        or state.compile_config is None
-        or torch.is_grad_enabled()
-        or not state.decodes_inside_windows()
-    ):
-        return None
-    h_key, h_value = state.h_prev_key_value(model)
-    state.leave_lockstep()
-    step = _compiled_decode(model, state.compile_config)
-    logits = step(
-        _decode_settings(state.window_size),
-        embeds,
-        real,
-        state.fill,
-        state.slot_valid,
-        state.window_index,
-        state.h_prev,
-        h_key,
-        h_value,
-        state.pooled_sum,
-        state.overlap_embeds,
-        state.overlap_valid,
-        *state.keys,
-        *state.values,
-    )
-    state._fill_bound += 1
-    state.seen_tokens += 1
-    return logits
-
-
-@functools.cache
-def _decode_settings(window_size: int) -> "_StepSettings":
-    """The settings of a compiled single-token step: one object per window size, so its guards always pass."""
-    return _StepSettings(
-        num_new=1,
-        window_size=window_size,
-        logits_to_keep=1,
-        step_head=None,
-        output_hidden_states=False,
-        output_attentions=False,
-        uses_h_prev=True,
-        all_real=None,
-    )
-
-
-def _decode_in_place(
-    model: "RecurrentDecoderWindowModel",
-    settings: "_StepSettings",
-    embeds: torch.Tensor,
-    real: torch.Tensor,
-    fill: torch.Tensor,
-    slot_valid: torch.Tensor,
-    window_index: torch.Tensor,
-    h_prev: torch.Tensor,
-    h_key: torch.Tensor,
-    h_value: torch.Tensor,
-    pooled_sum: torch.Tensor,
-    overlap_embeds: torch.Tensor,
-    overlap_valid: torch.Tensor,
-    *buffers: torch.Tensor,
-) -> torch.Tensor:
-    """One single-token step inside every row's window over a fixed-shape state's tensors, updated in place as
-    `append_step` would: the step's key/value written into the buffers (a real column at its window position,
-    padding into the spare slot), `slot_valid`, `fill`, `pooled_sum` and the overlap. Returns the step's logits."""
-    step = model._step(
-        settings, embeds, real, fill, slot_valid, window_index > 0, h_prev, None, *buffers, h_prev_kv=(h_key, h_value)
-    )
-    column = real[:, 0]  # (batch,)
-    slot = torch.where(column, fill, settings.window_size)  # (batch,)
-    for buffer, new in zip(buffers, step.keys + step.values, strict=True):
-        buffer.scatter_(2, slot[:, None, None, None].expand(*buffer.shape[:2], 1, buffer.shape[3]), new[:, :, -1:])
-    slot_valid.scatter_(1, slot[:, None], real)
-    fill.add_(column.long())
-    pooled_sum.add_(step.pooled)
-    if overlap_embeds.shape[1]:
-        kept_embeds = torch.cat([overlap_embeds, embeds], dim=1)
-        kept_real = torch.cat([overlap_valid, real], dim=1)
-        index = _right_packing_index(kept_real, overlap_embeds.shape[1])
-        overlap_embeds.copy_(_gather_slots(kept_embeds, index, 1))
-        overlap_valid.copy_(kept_real.gather(1, index))
-    return step.result
-
-
-def _compiled_decode(model: "RecurrentDecoderWindowModel", compile_config: CompileConfig) -> Callable:
-    """`_decode_in_place` over `model` compiled with `compile_config`'s options; one per model and options."""
-    # Looked up once per token: the last config object's step is kept, so its options are not read again.
-    last = model.__dict__.get("_last_compiled_step")
-    if last is not None and last[0] is compile_config:
-        return last[1]
-    options = compile_config.to_dict()
-    key = json.dumps(options, sort_keys=True, default=repr)
-    compiled = model.__dict__.setdefault("_compiled_steps", {})
-    if key not in compiled:
-        compiled[key] = torch.compile(functools.partial(_decode_in_place, model), **options)
-    model.__dict__["_last_compiled_step"] = (compile_config, compiled[key])
-    return compiled[key]
-
-
-def _step_compile_config(model: PreTrainedModel, generation_config: GenerationConfig) -> CompileConfig | None:
-    """How generate() compiles the single-token step: on the devices, and with the options, with which it compiles a
-    stock model's forward over the stock static cache; None where it would not."""
-    config = generation_config.compile_config or CompileConfig()
-    compiles = model.device.type in ("cuda", "xpu", "neuron", "tpu") or bool(config._compile_all_devices)
-    return config if compiles and not generation_config.disable_compile else None
 
 
 # The fields every model of the core returns besides its own, as its output's docstring describes them.
@@ -1246,65 +246,6 @@ class _WindowEmbeddings:
 
     def __getitem__(self, index: tuple) -> torch.Tensor:
         return self.embedding(self.input_ids[index])
-
-
-@dataclass
-class _StepOutput:
-    # The causal LM's scores of the step's kept columns, (batch, kept, vocab), or the bare model's final hidden
-    # states of its new columns, (batch, new, hidden); None where a step head consumed it.
-    result: torch.Tensor | None
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-    # (batch, hidden) float32 layer-weighted sum over the step's real positions; None once the state has added it
-    pooled: torch.Tensor | None
-    all_hidden: tuple[torch.Tensor, ...] | None  # embedding output and every layer's, (batch, new, hidden) each
-    head: torch.Tensor | None  # what step_head returned (the window's loss)
-    attentions: tuple[torch.Tensor, ...] | None  # per layer, (batch, head, new, 1 + window_size)
-
-    def flat(self) -> tuple[torch.Tensor | None, ...]:
-        return (
-            self.result,
-            self.pooled,
-            self.head,
-            *self.keys,
-            *self.values,
-            *(self.all_hidden or ()),
-            *(self.attentions or ()),
-        )
-
-    @classmethod
-    def from_flat(cls, flat: tuple[torch.Tensor | None, ...], num_layers: int, settings: "_StepSettings"):
-        result, pooled, head = flat[:3]
-        keys, values = list(flat[3 : 3 + num_layers]), list(flat[3 + num_layers : 3 + 2 * num_layers])
-        rest = flat[3 + 2 * num_layers :]
-        all_hidden = rest[: num_layers + 1] if settings.output_hidden_states else None
-        attentions = rest[-num_layers:] if settings.output_attentions else None
-        return cls(result, keys, values, pooled, all_hidden, head, attentions)
-
-    @property
-    def carries_nothing(self) -> bool:
-        """Whether the step gives the call's outputs nothing: no kept logits (an empty result), no head output, no
-        hidden states or attentions. A long prompt read for its last logits is such steps but the last."""
-        empty = self.result is not None and self.result.shape[1] == 0
-        return empty and self.head is None and self.all_hidden is None and self.attentions is None
-
-
-@dataclass(frozen=True)
-class _StepSettings:
-    """What a step needs besides tensors."""
-
-    num_new: int  # the step's new columns (after any re-read overlap)
-    window_size: int
-    # The step columns whose logits the backbone's head computes: an int keeps the last ones, a 1D tensor those
-    # indices (empty: none); None computes no logits.
-    logits_to_keep: int | torch.Tensor | None
-    step_head: Callable | None  # run on the step's result and targets (a window's loss)
-    output_hidden_states: bool
-    output_attentions: bool
-    # Known on the host when the rows are in lockstep (None: read from the step's tensors): whether the rows have
-    # an h_prev, and whether every column of the step is a real token.
-    uses_h_prev: bool | None = None
-    all_real: bool | None = None
 
 
 def _concat_layers(per_step: list[tuple[torch.Tensor, ...]], dim: int) -> tuple[torch.Tensor, ...]:
@@ -1621,27 +562,23 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         every layer, then their values. Pure in its tensor arguments, so it can be recomputed under checkpointing.
         `h_prev_kv`: h_prev's key and value at the insertion layer, when known (else computed from `h_prev`).
         """
-        layers = _decoder_layers(self.backbone)
-        num_layers, num_new = len(layers), settings.num_new
+        num_layers, num_new = len(_decoder_layers(self.backbone)), settings.num_new
         positions = (fill[:, None] + real.cumsum(1) - 1).clamp(min=0)  # (batch, cols): restart in every window
         eager = settings.output_attentions or self.config._attn_implementation == "eager"
         plain_mask, inserted_mask = _attention_masks(
             real, slot_valid, has_h_prev, embeds.dtype, eager, settings.all_real
         )
         use_h_prev = settings.uses_h_prev if settings.uses_h_prev is not None else bool(has_h_prev.any())
-        insertion_layer = self.config.insertion_layer
-        norm = PRE_ATTENTION_NORMS[self.config.text_config.model_type]
-        ctx = _StepContext(
-            insertion_layer,
-            eager,
-            [(past[i], past[num_layers + i]) if past[i].shape[2] else None for i in range(num_layers)],
-            plain_mask,
-            inserted_mask,
+        ctx = step_context(
+            self.backbone,
+            self.config,
             h_prev if use_h_prev else None,
-            getattr(layers[insertion_layer], norm) if norm is not None else nn.Identity(),
-            self._h_prev_rotation(h_prev) if use_h_prev and h_prev_kv is None else None,
-            settings.output_attentions,
             h_prev_kv,
+            eager=eager,
+            past=[(past[i], past[num_layers + i]) if past[i].shape[2] else None for i in range(num_layers)],
+            plain_mask=plain_mask,
+            inserted_mask=inserted_mask,
+            output_attentions=settings.output_attentions,
         )
         result, hidden_states = self._run_backbone(
             settings,
@@ -1660,32 +597,17 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
                 f"{self.config.text_config.model_type!r} backbone ran through the recurrent attention (backbone "
                 f"attn_implementation={self.backbone.config._attn_implementation!r})"
             )
-        # Each layer's share of the pooled sum is one batched product: (batch, 1, cols) weights of the real columns
-        # times (batch, cols, hidden) states, accumulated into (batch, 1, hidden).
-        real_weights = self.recurrence.layer_weights()[:, None, None, None] * real.float()[None, :, None, :]
-        pooled = torch.zeros(embeds.shape[0], 1, embeds.shape[2], device=embeds.device)
-        eps = getattr(self.config.text_config, "rms_norm_eps", None) or 1e-6
-        for i, layer_states in enumerate(hidden_states[1:]):  # layer outputs, the last after the final norm
-            states = layer_states.float()
-            if self.config.normalize_pooled_states:
-                states = states * torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + eps)
-            pooled = torch.baddbmm(pooled, real_weights[i], states)
+        pooled = self.recurrence.pool(hidden_states[1:], real, self.config)  # the layer outputs
         attentions = None
         if settings.output_attentions:
-            key_valid = torch.cat([slot_valid, real], dim=1)  # (batch, slots + cols)
-            attentions = tuple(
-                _window_attentions(
-                    weights[:, :, -num_new:], key_valid, inserting, settings.window_size, real[:, -num_new:]
-                )
-                for weights, inserting in (ctx.weights[i] for i in range(num_layers))
-            )
+            attentions = step_attentions(ctx, slot_valid, real, num_new, settings.window_size)
         all_hidden = tuple(h[:, -num_new:] for h in hidden_states) if settings.output_hidden_states else None
         head = settings.step_head(result, targets) if settings.step_head is not None else None
         return _StepOutput(
             None if settings.step_head is not None else result,
             [ctx.keys[i] for i in range(num_layers)],
             [ctx.values[i] for i in range(num_layers)],
-            pooled[:, 0],
+            pooled,
             all_hidden,
             head,
             attentions,
@@ -1719,37 +641,10 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         output = RecurrentDecoderModelOutput(last_hidden_state=run.results(), **run.outputs(use_cache))
         return output if return_dict is not False else output.to_tuple()
 
-    def _h_prev_rotation(self, h_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The rotation (cos, sin) of the `h_prev` key, (batch, 1, rotary_dim) each, per `h_prev_rope_position`: the
-        backbone's own rotary embedding of the insertion layer at that window position. None leaves it unrotated."""
-        position = self.config.h_prev_rope_position
-        if position is None:
-            return None
-        rotary = self.backbone.base_model.rotary_emb
-        positions = torch.full((h_prev.shape[0], 1), position, dtype=torch.long, device=h_prev.device)
-        kwargs = {}
-        if "layer_type" in inspect.signature(rotary.forward).parameters:
-            # One rotary module for several layer types, each with its own base (Gemma3: local and global layers).
-            kwargs["layer_type"] = self.config.text_config.layer_types[self.config.insertion_layer]
-        return rotary(h_prev, positions, **kwargs)
-
     def _h_prev_key_value(self, h_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`h_prev`'s key and value at the insertion layer, (batch, kv_head, 1, head_dim) each, as a step computes
-        them (`_h_prev_key_value`): the same code on the same tensors, so the same values."""
-        layer = _decoder_layers(self.backbone)[self.config.insertion_layer]
-        norm = PRE_ATTENTION_NORMS[self.config.text_config.model_type]
-        ctx = _StepContext(
-            self.config.insertion_layer,
-            False,
-            [],
-            None,
-            h_prev.new_zeros(0),
-            h_prev,
-            getattr(layer, norm) if norm is not None else nn.Identity(),
-            self._h_prev_rotation(h_prev),
-            False,
-        )
-        return _h_prev_key_value(_attention_module(layer), ctx)
+        them; what a fixed-shape state keeps for a whole window (`FixedShapeWindowCache.h_prev_key_value`)."""
+        return h_prev_key_value(self.backbone, self.config, h_prev)
 
     def _next_h_prev(self, state: RecurrentDecoderState) -> torch.Tensor:
         """(batch, hidden) the `h_prev` of each row's next window: its current window's summary through the FFN
@@ -1783,13 +678,12 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         bool, packed sequences) a row forgets its text, so each document is read as if alone from a new state.
         `kept`: the columns to compute logits for (None: none).
         """
-        if isinstance(state, FixedShapeWindowCache):
-            state._checked_by = weakref.ref(self)  # `_prepare` checked the call and the state
-            plain = kept is not None and kept.columns is None and step_head is None and document_starts is None
-            if plain and inputs_embeds.shape[1] == 1 and not (output_hidden_states or output_attentions):
-                logits = _fixed_shape_decode(self, state, inputs_embeds, real)
-                if logits is not None:
-                    return [_StepOutput(logits, [], [], None, None, None, None)]
+        state.mark_checked(self)  # `_prepare` checked the call and the state
+        plain = kept is not None and kept.columns is None and step_head is None and document_starts is None
+        if plain and inputs_embeds.shape[1] == 1 and not (output_hidden_states or output_attentions):
+            logits = _fixed_shape_decode(self, state, inputs_embeds, real)
+            if logits is not None:
+                return [_StepOutput(logits, [], [], None, None, None, None)]
         length = inputs_embeds.shape[1]
         if state.lockstep is not None and not bool(real.all()):  # the call's one read of the device
             state.leave_lockstep()
@@ -1811,16 +705,13 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
             embeds, step_real = (
                 state.with_overlap(new_embeds, new_real, starting) if reread else (new_embeds, new_real)
             )
-            lockstep = state.lockstep
-            settings = _StepSettings(
-                num_new=width,
-                window_size=state.window_size,
-                logits_to_keep=kept.in_step(start, stop, reread) if kept is not None else None,
-                step_head=step_head,
-                output_hidden_states=output_hidden_states,
-                output_attentions=output_attentions,
-                uses_h_prev=None if lockstep is None else lockstep[1] > 0,
-                all_real=None if lockstep is None else True,
+            settings = _step_settings(
+                state,
+                width,
+                kept.in_step(start, stop, reread) if kept is not None else None,
+                step_head,
+                output_hidden_states,
+                output_attentions,
             )
             args = (
                 embeds,
@@ -1833,7 +724,6 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
                 *state.keys,
                 *state.values,
             )
-            settings = _fixed_shape_step(state, settings)
             flat = self.window_step(self._step, settings, *args)
             step = _StepOutput.from_flat(flat, len(state.keys), settings)
             state.append_step(step.keys, step.values, step_real, step.pooled, new_embeds, new_real)
@@ -1923,7 +813,7 @@ class RecurrentDecoderBaseModelView:
         return getattr(self._model.backbone, name)
 
 
-class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
+class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, RecurrentDecoderGenerationMixin):
     """A stock transformers decoder (`backbone`) that reads text window by window with the paper's recurrence.
 
     `from_pretrained(<a stock checkpoint of a supported family>, window_size=..., window_overlap=...,
@@ -1971,64 +861,6 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
         `model.backbone`; run outside the window loop, it refuses to run.)"""
         return RecurrentDecoderBaseModelView(self)
 
-    def _get_stopping_criteria(self, *args, **kwargs) -> StoppingCriteriaList:
-        criteria = super()._get_stopping_criteria(*args, **kwargs)
-        for criterion in criteria:
-            if isinstance(criterion, MaxLengthCriteria):
-                # Positions restart in every window, so a text longer than max_position_embeddings is what this model
-                # is for: transformers' reminder that generation "exceeded the model's predefined maximum length"
-                # would be wrong.
-                criterion.max_position_embeddings = None
-        return criteria
-
-    def _prepare_cache_for_generation(
-        self,
-        generation_config: GenerationConfig,
-        model_kwargs: dict,
-        generation_mode: object,
-        batch_size: int,
-        *args,
-        **kwargs,
-    ):
-        implementation = generation_config.cache_implementation
-        if implementation == FIXED_SHAPE_CACHE_IMPLEMENTATION:
-            if model_kwargs.get(STATE_NAME) is None and generation_config.use_cache is not False:
-                weight = self.get_input_embeddings().weight
-                state_class = fixed_shape_state_class(self.state_class)
-                # generate() expands the rows for beams and returned sequences after this, as for the stock cache.
-                rows = max(generation_config.num_beams, generation_config.num_return_sequences) * batch_size
-                model_kwargs[STATE_NAME] = state_class(self.config, rows, weight.device, weight.dtype)
-                return None
-        elif implementation is not None:
-            # generate() would only warn that a cache_implementation "will be ignored" and run anyway.
-            raise ValueError(
-                f"cache_implementation={implementation!r} cannot be honoured by {type(self).__name__}: the model "
-                f"carries its own recurrent state of bounded size (returned as {STATE_NAME}) instead of a transformers "
-                f"Cache; the only choice is {FIXED_SHAPE_CACHE_IMPLEMENTATION!r}, that state in fixed-shape buffers "
-                "whose single-token step compiles. Remove cache_implementation from the generate() call or from the "
-                "generation config (generation_config.json)"
-            )
-        return super()._prepare_cache_for_generation(
-            generation_config, model_kwargs, generation_mode, batch_size, *args, **kwargs
-        )
-
-    def _valid_auto_compile_criteria(self, model_kwargs: dict, generation_config: GenerationConfig) -> bool:
-        state = model_kwargs.get(STATE_NAME)
-        if isinstance(state, FixedShapeWindowCache):
-            # Compiling the whole forward would trace the window loop and its host-side schedule; only the
-            # single-token step is compiled (see `_fixed_shape_decode`).
-            state.compile_config = _step_compile_config(self, generation_config)
-            return False
-        return super()._valid_auto_compile_criteria(model_kwargs, generation_config)
-
-    def init_continuous_batching(self, *args, **kwargs):
-        # generate(cache_implementation="paged") and generate_batch() come here, past _prepare_cache_for_generation.
-        raise ValueError(
-            f"Continuous batching (cache_implementation='paged', generate_batch()) cannot be used with "
-            f"{type(self).__name__}: it needs a paged key/value cache, and the model carries its own recurrent state "
-            "instead. Call generate() without cache_implementation; batched prompts may be left-padded"
-        )
-
     def _run_backbone(self, settings: _StepSettings, **inputs) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...]]:
         """The stock causal LM's logits of the step's kept columns, from its own head (Gemma2's final soft-cap
         included), (batch, kept, vocab), or None when none are asked for; and every hidden state."""
@@ -2038,46 +870,6 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
         if keep is None:  # no logits asked for: the final hidden states, as the bare model returns (`base_model`)
             return out.hidden_states[-1][:, -settings.num_new :], out.hidden_states
         return out.logits, out.hidden_states
-
-    def _decode_token(
-        self,
-        input_ids: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
-        state: "FixedShapeWindowCache",
-        use_cache: bool | None,
-        return_logits: bool | None,
-        logits_to_keep: int | torch.Tensor,
-        output_hidden_states: bool | None,
-        output_attentions: bool | None,
-    ) -> torch.Tensor | None:
-        """generate()'s single-token call over a fixed-shape state, the compiled step alone: the (batch, 1, vocab)
-        logits, or None where the call is another (see `_fixed_shape_decode`) and takes the usual path.
-
-        The state was checked against this model by the eager call that advanced it last (`_checked_by`); the
-        single-token calls in between do not check it, the config or the inputs' device again, once per token, so
-        change neither the config nor the attention implementation in the middle of a text read this way.
-        """
-        batch = state.batch_size
-        if (
-            input_ids is None
-            or input_ids.shape != (batch, 1)
-            or (attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.shape[0] != batch))
-            or (attention_mask is not None and attention_mask.shape[1] < 1)
-            or use_cache is False
-            or return_logits is False
-            or not isinstance(logits_to_keep, int)
-            or logits_to_keep < 0
-            or state._checked_by is None
-            or state._checked_by() is not self
-            or any(self._output_flags(output_hidden_states, output_attentions))
-        ):
-            return None
-        embeds = self.get_input_embeddings()(input_ids)
-        if attention_mask is None:
-            real = torch.ones(batch, 1, dtype=torch.bool, device=embeds.device)
-        else:
-            real = attention_mask[:, -1:].to(device=embeds.device, dtype=torch.bool)
-        return _fixed_shape_decode(self, state, embeds, real)
 
     def _targets(
         self,
@@ -2165,7 +957,7 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, GenerationMixin):
                 `labels`.
         """
         state = _given_state(past_key_values, cache)
-        if isinstance(state, FixedShapeWindowCache) and not kwargs and labels is None and inputs_embeds is None:
+        if not kwargs and labels is None and inputs_embeds is None:
             outputs = (use_cache, return_logits, logits_to_keep, output_hidden_states, output_attentions)
             logits = self._decode_token(input_ids, attention_mask, state, *outputs)
             if logits is not None:
@@ -2325,20 +1117,6 @@ class RecurrentDecoderForTokenClassification(GenericForTokenClassification, Recu
         )
         self._keep_stock_layout(self.model.backbone, "model.backbone", "model.recurrence")
         self.post_init()
-
-
-class RecurrentGPT2State(RecurrentDecoderState):
-    """The state of the recurrent GPT-2 models: a [`RecurrentDecoderState`] (like it, not thread-safe) whose files
-    name the `recurrent_gpt2` family as they always have."""
-
-    _family = "recurrent_gpt2"
-
-
-class RecurrentLlamaState(RecurrentDecoderState):
-    """The state of the recurrent Llama models: a [`RecurrentDecoderState`] (like it, not thread-safe) whose files
-    name the `recurrent_llama` family as they always have."""
-
-    _family = "recurrent_llama"
 
 
 class RecurrentGPT2LMHeadModel(RecurrentDecoderForCausalLM, GenerationMixin):

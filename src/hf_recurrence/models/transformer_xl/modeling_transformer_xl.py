@@ -378,7 +378,7 @@ STATE_FILE_FORMAT_VERSION = 1
 _STATE_HEADER_KEY = "hf_recurrence_state"
 
 
-# Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._write_state_file
+# Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder._write_state_file
 def _write_state_file(
     path: str | os.PathLike, tensors: dict[str, torch.Tensor], header: dict, overwrite: bool
 ) -> None:
@@ -409,7 +409,7 @@ def _write_state_file(
         Path(partial).unlink(missing_ok=True)
 
 
-# Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._read_state_file
+# Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder._read_state_file
 def _read_state_file(
     path: str | os.PathLike, family: str, device: torch.device | str | None
 ) -> tuple[dict[str, torch.Tensor], dict]:
@@ -446,7 +446,7 @@ def _read_state_file(
     return tensors, header
 
 
-# Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._header_int
+# Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder._header_int
 def _header_int(header: dict, name: str, source: object, minimum: int = 0) -> int:
     """The whole number `header[name]`, refused unless it is one (not a bool, float or string) and >= `minimum`."""
     value = header.get(name)
@@ -457,7 +457,7 @@ def _header_int(header: dict, name: str, source: object, minimum: int = 0) -> in
     return value
 
 
-# Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._check_finite
+# Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder._check_finite
 def _check_finite(tensors: dict[str, torch.Tensor], source: object) -> None:
     """Refuse NaN or infinite values, which no run of the model leaves in a state and which would reach the logits."""
     for name, tensor in tensors.items():
@@ -465,7 +465,7 @@ def _check_finite(tensors: dict[str, torch.Tensor], source: object) -> None:
             raise ValueError(f"{source} has non-finite values (NaN or inf) in {name!r}")
 
 
-# Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._check_state_model_shape
+# Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder._check_state_model_shape
 def _check_state_model_shape(found: dict, expected: dict, source: object) -> None:
     """Refuse a state of another model shape (backbone, layers, heads, sizes), batch size or dtype than `expected`,
     naming every difference in one error."""
@@ -734,7 +734,7 @@ class TransformerXLState:
         """The sizes of a model that a state belongs to, as a saved state records them."""
         return {"layers": config.n_layer, "heads": config.n_head, "head_dim": config.d_head, "d_model": config.d_model}
 
-    # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderState.save
+    # Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder.RecurrentDecoderState.save
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> None:
         """Write the state to a safetensors file (its tensors plus a JSON header: family, format version, model shape,
         the state's settings), to continue the text later, elsewhere, or with the model loaded as remote code.
@@ -742,7 +742,7 @@ class TransformerXLState:
         tensors, header = self._file_contents()
         _write_state_file(path, tensors, header, overwrite)
 
-    # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderState.load with RecurrentDecoderConfig->TransformerXLConfig, RecurrentDecoderState->TransformerXLState
+    # Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder.RecurrentDecoderState.load with RecurrentDecoderConfig->TransformerXLConfig, RecurrentDecoderState->TransformerXLState
     @classmethod
     def load(
         cls, path: str | os.PathLike, config: TransformerXLConfig, device: torch.device | str | None = None
@@ -822,7 +822,7 @@ class TransformerXLState:
                 f"({valid.tolist()}, 'mem_valid')"
             )
 
-    # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderState.adopt with RecurrentDecoderConfig->TransformerXLConfig, RecurrentDecoderState->TransformerXLState
+    # Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder.RecurrentDecoderState.adopt with RecurrentDecoderConfig->TransformerXLConfig, RecurrentDecoderState->TransformerXLState
     @classmethod
     def adopt(
         cls, state: object, config: TransformerXLConfig, batch_size: int, dtype: torch.dtype
@@ -838,7 +838,7 @@ class TransformerXLState:
         _check_state_model_shape(found, expected, STATE_NAME)
         return state
 
-    # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderState._adopt_other_copy with RecurrentDecoderConfig->TransformerXLConfig, RecurrentDecoderState->TransformerXLState
+    # Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder.RecurrentDecoderState._adopt_other_copy with RecurrentDecoderConfig->TransformerXLConfig, RecurrentDecoderState->TransformerXLState
     @classmethod
     def _adopt_other_copy(cls, state: object, config: TransformerXLConfig) -> "TransformerXLState":
         if type(state).__name__ != cls.__name__ or getattr(state, "_family", None) != cls._family:
@@ -1317,7 +1317,7 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
             )
         return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
-    # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder.RecurrentDecoderForCausalLM.init_continuous_batching
+    # Copied from hf_recurrence.models.recurrent_decoder.generation_recurrent_decoder.RecurrentDecoderGenerationMixin.init_continuous_batching
     def init_continuous_batching(self, *args, **kwargs):
         # generate(cache_implementation="paged") and generate_batch() come here, past _prepare_cache_for_generation.
         raise ValueError(

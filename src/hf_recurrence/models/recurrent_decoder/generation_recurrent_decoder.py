@@ -1,0 +1,269 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What `generate()` needs of the recurrence core's causal LMs, as a mixin of [`RecurrentDecoderForCausalLM`] (as
+transformers keeps Whisper's in `generation_whisper.py`): its hooks (the state instead of a transformers Cache, no
+maximum length, no continuous batching) and the decode path of `generate(cache_implementation="static")`, whose
+single-token step over a fixed-shape state ([`FixedShapeWindowCache`]) runs as one compiled graph that also writes
+the state in place.
+
+Example:
+
+```python
+>>> import torch
+>>> from hf_recurrence import RecurrentGPT2Config, RecurrentGPT2LMHeadModel
+
+>>> config = RecurrentGPT2Config(
+...     vocab_size=100, n_layer=2, n_embd=32, n_head=2, n_positions=16, window_size=16, insertion_layer=1
+... )
+>>> model = RecurrentGPT2LMHeadModel(config)
+>>> ids = torch.randint(3, 100, (1, 20))
+>>> out = model.generate(ids, cache_implementation="static", max_new_tokens=20, min_new_tokens=20, do_sample=False)
+>>> out.shape  # 40 tokens: past the 16-entry position table, in three windows
+torch.Size([1, 40])
+
+```
+"""
+
+import functools
+import json
+from collections.abc import Callable
+
+import torch
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers.generation import CompileConfig, MaxLengthCriteria, StoppingCriteriaList
+
+from .state_recurrent_decoder import (
+    FIXED_SHAPE_CACHE_IMPLEMENTATION,
+    STATE_NAME,
+    RecurrentDecoderState,
+    _gather_slots,
+    _right_packing_index,
+    fixed_shape_state_class,
+)
+from .step_recurrent_decoder import _StepSettings
+
+
+class RecurrentDecoderGenerationMixin(GenerationMixin):
+    """generate() over the recurrent state: the hooks a causal LM of the core overrides, and its single-token decode
+    over a fixed-shape state (`_decode_token`)."""
+
+    def _get_stopping_criteria(self, *args, **kwargs) -> StoppingCriteriaList:
+        criteria = super()._get_stopping_criteria(*args, **kwargs)
+        for criterion in criteria:
+            if isinstance(criterion, MaxLengthCriteria):
+                # Positions restart in every window, so a text longer than max_position_embeddings is what this model
+                # is for: transformers' reminder that generation "exceeded the model's predefined maximum length"
+                # would be wrong.
+                criterion.max_position_embeddings = None
+        return criteria
+
+    def _prepare_cache_for_generation(
+        self,
+        generation_config: GenerationConfig,
+        model_kwargs: dict,
+        generation_mode: object,
+        batch_size: int,
+        *args,
+        **kwargs,
+    ):
+        implementation = generation_config.cache_implementation
+        if implementation == FIXED_SHAPE_CACHE_IMPLEMENTATION:
+            if model_kwargs.get(STATE_NAME) is None and generation_config.use_cache is not False:
+                weight = self.get_input_embeddings().weight
+                state_class = fixed_shape_state_class(self.state_class)
+                # generate() expands the rows for beams and returned sequences after this, as for the stock cache.
+                rows = max(generation_config.num_beams, generation_config.num_return_sequences) * batch_size
+                model_kwargs[STATE_NAME] = state_class(self.config, rows, weight.device, weight.dtype)
+                return None
+        elif implementation is not None:
+            # generate() would only warn that a cache_implementation "will be ignored" and run anyway.
+            raise ValueError(
+                f"cache_implementation={implementation!r} cannot be honoured by {type(self).__name__}: the model "
+                f"carries its own recurrent state of bounded size (returned as {STATE_NAME}) instead of a transformers "
+                f"Cache; the only choice is {FIXED_SHAPE_CACHE_IMPLEMENTATION!r}, that state in fixed-shape buffers "
+                "whose single-token step compiles. Remove cache_implementation from the generate() call or from the "
+                "generation config (generation_config.json)"
+            )
+        return super()._prepare_cache_for_generation(
+            generation_config, model_kwargs, generation_mode, batch_size, *args, **kwargs
+        )
+
+    def _valid_auto_compile_criteria(self, model_kwargs: dict, generation_config: GenerationConfig) -> bool:
+        state = model_kwargs.get(STATE_NAME)
+        if getattr(state, "fixed_shape", False):
+            # Compiling the whole forward would trace the window loop and its host-side schedule; only the
+            # single-token step is compiled (see `_fixed_shape_decode`).
+            state.compile_config = _step_compile_config(self, generation_config)
+            return False
+        return super()._valid_auto_compile_criteria(model_kwargs, generation_config)
+
+    def init_continuous_batching(self, *args, **kwargs):
+        # generate(cache_implementation="paged") and generate_batch() come here, past _prepare_cache_for_generation.
+        raise ValueError(
+            f"Continuous batching (cache_implementation='paged', generate_batch()) cannot be used with "
+            f"{type(self).__name__}: it needs a paged key/value cache, and the model carries its own recurrent state "
+            "instead. Call generate() without cache_implementation; batched prompts may be left-padded"
+        )
+
+    def _decode_token(
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        state: object | None,
+        use_cache: bool | None,
+        return_logits: bool | None,
+        logits_to_keep: int | torch.Tensor,
+        output_hidden_states: bool | None,
+        output_attentions: bool | None,
+    ) -> torch.Tensor | None:
+        """generate()'s single-token call over a fixed-shape state set to compile, the compiled step alone: the
+        (batch, 1, vocab) logits, or None where the call is another (see `_fixed_shape_decode`) and takes the usual
+        path.
+
+        The state was checked against this model by the eager call that advanced it last (`_checked_by`); the
+        single-token calls in between do not check it, the config or the inputs' device again, once per token, so
+        change neither the config nor the attention implementation in the middle of a text read this way.
+        """
+        if getattr(state, "compile_config", None) is None:  # no state, or not a fixed-shape state set to compile
+            return None
+        batch = state.batch_size
+        if (
+            input_ids is None
+            or input_ids.shape != (batch, 1)
+            or (attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.shape[0] != batch))
+            or (attention_mask is not None and attention_mask.shape[1] < 1)
+            or use_cache is False
+            or return_logits is False
+            or not isinstance(logits_to_keep, int)
+            or logits_to_keep < 0
+            or state._checked_by is None
+            or state._checked_by() is not self
+            or any(self._output_flags(output_hidden_states, output_attentions))
+        ):
+            return None
+        embeds = self.get_input_embeddings()(input_ids)
+        if attention_mask is None:
+            real = torch.ones(batch, 1, dtype=torch.bool, device=embeds.device)
+        else:
+            real = attention_mask[:, -1:].to(device=embeds.device, dtype=torch.bool)
+        return _fixed_shape_decode(self, state, embeds, real)
+
+
+def _fixed_shape_decode(
+    model: PreTrainedModel, state: RecurrentDecoderState, embeds: torch.Tensor, real: torch.Tensor
+) -> torch.Tensor | None:
+    """The (batch, 1, vocab) logits of one new column (`embeds` (batch, 1, hidden), `real` (batch, 1)) over a
+    fixed-shape state with a `compile_config`, from one compiled step that also writes the cache and advances the
+    state in place; None where the state is not such a state, gradients are on, or some row may begin a window in
+    this step (that step runs eagerly: it re-reads the overlap and computes the new `h_prev`). The caller checks that
+    the call asks for nothing else (logits of its one column, no loss, hidden states or attentions, no document start).
+
+    Reads nothing from the device but once after each eager step (`decodes_inside_windows`); leaves the lockstep,
+    since whether the column is real is not read.
+    """
+    if (
+        state.compile_config is None  # set on fixed-shape states only
+        or torch.is_grad_enabled()
+        or not state.decodes_inside_windows()
+    ):
+        return None
+    h_key, h_value = state.h_prev_key_value(model)
+    state.leave_lockstep()
+    step = _compiled_decode(model, state.compile_config)
+    logits = step(
+        _decode_settings(state.window_size),
+        embeds,
+        real,
+        state.fill,
+        state.slot_valid,
+        state.window_index,
+        state.h_prev,
+        h_key,
+        h_value,
+        state.pooled_sum,
+        state.overlap_embeds,
+        state.overlap_valid,
+        *state.keys,
+        *state.values,
+    )
+    state._fill_bound += 1
+    state.seen_tokens += 1
+    return logits
+
+
+@functools.cache
+def _decode_settings(window_size: int) -> _StepSettings:
+    """The settings of a compiled single-token step: one object per window size, so its guards always pass."""
+    return _StepSettings(
+        num_new=1,
+        window_size=window_size,
+        logits_to_keep=1,
+        step_head=None,
+        output_hidden_states=False,
+        output_attentions=False,
+        uses_h_prev=True,
+        all_real=None,
+    )
+
+
+def _decode_in_place(
+    model: PreTrainedModel,
+    settings: _StepSettings,
+    embeds: torch.Tensor,
+    real: torch.Tensor,
+    fill: torch.Tensor,
+    slot_valid: torch.Tensor,
+    window_index: torch.Tensor,
+    h_prev: torch.Tensor,
+    h_key: torch.Tensor,
+    h_value: torch.Tensor,
+    pooled_sum: torch.Tensor,
+    overlap_embeds: torch.Tensor,
+    overlap_valid: torch.Tensor,
+    *buffers: torch.Tensor,
+) -> torch.Tensor:
+    """One single-token step inside every row's window over a fixed-shape state's tensors, updated in place as
+    `append_step` would: the step's key/value written into the buffers (a real column at its window position,
+    padding into the spare slot), `slot_valid`, `fill`, `pooled_sum` and the overlap. Returns the step's logits."""
+    step = model._step(
+        settings, embeds, real, fill, slot_valid, window_index > 0, h_prev, None, *buffers, h_prev_kv=(h_key, h_value)
+    )
+    column = real[:, 0]  # (batch,)
+    slot = torch.where(column, fill, settings.window_size)  # (batch,)
+    for buffer, new in zip(buffers, step.keys + step.values, strict=True):
+        buffer.scatter_(2, slot[:, None, None, None].expand(*buffer.shape[:2], 1, buffer.shape[3]), new[:, :, -1:])
+    slot_valid.scatter_(1, slot[:, None], real)
+    fill.add_(column.long())
+    pooled_sum.add_(step.pooled)
+    if overlap_embeds.shape[1]:
+        kept_embeds = torch.cat([overlap_embeds, embeds], dim=1)
+        kept_real = torch.cat([overlap_valid, real], dim=1)
+        index = _right_packing_index(kept_real, overlap_embeds.shape[1])
+        overlap_embeds.copy_(_gather_slots(kept_embeds, index, 1))
+        overlap_valid.copy_(kept_real.gather(1, index))
+    return step.result
+
+
+def _compiled_decode(model: PreTrainedModel, compile_config: CompileConfig) -> Callable:
+    """`_decode_in_place` over `model` compiled with `compile_config`'s options; one per model and options."""
+    # Looked up once per token: the last config object's step is kept, so its options are not read again.
+    last = model.__dict__.get("_last_compiled_step")
+    if last is not None and last[0] is compile_config:
+        return last[1]
+    options = compile_config.to_dict()
+    key = json.dumps(options, sort_keys=True, default=repr)
+    compiled = model.__dict__.setdefault("_compiled_steps", {})
+    if key not in compiled:
+        compiled[key] = torch.compile(functools.partial(_decode_in_place, model), **options)
+    model.__dict__["_last_compiled_step"] = (compile_config, compiled[key])
+    return compiled[key]
+
+
+def _step_compile_config(model: PreTrainedModel, generation_config: GenerationConfig) -> CompileConfig | None:
+    """How generate() compiles the single-token step: on the devices, and with the options, with which it compiles a
+    stock model's forward over the stock static cache; None where it would not."""
+    config = generation_config.compile_config or CompileConfig()
+    compiles = model.device.type in ("cuda", "xpu", "neuron", "tpu") or bool(config._compile_all_devices)
+    return config if compiles and not generation_config.disable_compile else None
+
+
+__all__ = ["RecurrentDecoderGenerationMixin"]
