@@ -3,7 +3,6 @@ package), every mark of quantisation dropped so that they save and fine-tune lik
 recurrence of a recurrent model is new. `hf-recurrence convert` reads GGUF inputs through here.
 """
 
-import copy
 import importlib.metadata
 import struct
 from pathlib import Path
@@ -89,7 +88,7 @@ def recurrent_llama_from_llama(llama: LlamaForCausalLM, **recurrence_settings) -
     for key in ("model_type", "architectures", "quantization_config", "transformers_version"):
         config_dict.pop(key, None)
     config = RecurrentLlamaConfig.from_dict(config_dict, **recurrence_settings)
-    return _with_stock_weights(RecurrentLlamaForCausalLM(config), llama).eval()
+    return RecurrentLlamaForCausalLM(config)._with_stock_weights(llama).eval()
 
 
 def recurrent_decoder_from_gguf(gguf_path: str | Path, **recurrence_settings) -> RecurrentDecoderForCausalLM:
@@ -117,20 +116,8 @@ def recurrent_decoder_from_causal_lm(stock: PreTrainedModel, **recurrence_settin
     for key in ("architectures", "quantization_config", "transformers_version"):
         text_config.pop(key, None)
     config = RecurrentDecoderConfig.from_dict({"text_config": text_config}, **recurrence_settings)
-    model = _with_stock_weights(RecurrentDecoderForCausalLM(config), stock)
-    # The stock model's end-of-sequence and other generation defaults, which generate() on the result should keep.
-    model.generation_config = copy.deepcopy(stock.generation_config)
-    return model.eval()
-
-
-def _with_stock_weights(model: RecurrentDecoderForCausalLM, stock: PreTrainedModel) -> RecurrentDecoderForCausalLM:
-    """`model` on `stock`'s device and dtype, its backbone holding a copy of every weight of `stock` (the same stock
-    class built from the same config, so every key must match both ways)."""
-    model = model.to(device=stock.device, dtype=stock.dtype)
-    missing, unexpected = model.backbone.load_state_dict(stock.state_dict(), strict=False)
-    if missing or unexpected:
-        raise ValueError(f"not a complete checkpoint: missing {missing}, unexpected {unexpected}")
-    return model
+    # The model keeps the stock model's end-of-sequence and other generation defaults too.
+    return RecurrentDecoderForCausalLM(config)._with_stock_weights(stock).eval()
 
 
 __all__ = [

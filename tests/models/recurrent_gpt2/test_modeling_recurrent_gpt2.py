@@ -366,22 +366,3 @@ def test_state_is_returned_even_when_trainer_switched_config_use_cache_off():
 def test_return_logits_false_without_labels_returns_only_the_state():
     out = make_model()(torch.randint(1, 99, (1, 20)), return_logits=False)
     assert out.logits is None and out.loss is None and out.past_key_values.get_seq_length() == 20
-
-
-@pytest.mark.parametrize("missing", ["window_size", "window_overlap"])
-def test_a_recurrent_config_without_its_window_warns_and_a_converted_gpt2_does_not(missing, tmp_path, caplog):
-    import json
-    import logging
-
-    make_model(window_overlap=2).save_pretrained(tmp_path / "recurrent")
-    config_file = tmp_path / "recurrent" / "config.json"
-    config = json.loads(config_file.read_text())
-    del config[missing]
-    config_file.write_text(json.dumps(config))
-    GPT2LMHeadModel(GPT2Config(**TINY_GPT2)).save_pretrained(tmp_path / "gpt2")
-    with caplog.at_level(logging.WARNING):
-        RecurrentGPT2Config.from_pretrained(tmp_path / "gpt2")
-        RecurrentGPT2Config.from_pretrained(tmp_path / "gpt2", window_size=8)
-        assert "config has no" not in caplog.text
-        RecurrentGPT2Config.from_pretrained(tmp_path / "recurrent")
-    assert f"This recurrent_gpt2 config has no {missing}: running with the defaults" in caplog.text

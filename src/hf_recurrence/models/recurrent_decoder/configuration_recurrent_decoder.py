@@ -105,6 +105,11 @@ def check_backbone(text_config: PreTrainedConfig) -> None:
         )
 
 
+def _dict_positions(text_config: dict[str, Any]) -> int | None:
+    """`position_table_size` of a backbone config not yet built (GPT-2 names it `n_positions`)."""
+    return text_config.get("max_position_embeddings", text_config.get("n_positions"))
+
+
 def position_table_size(text_config: PreTrainedConfig) -> int | None:
     """The positions the backbone was trained on (`max_position_embeddings`), which a window must fit."""
     return getattr(text_config, "max_position_embeddings", None)
@@ -201,6 +206,29 @@ class RecurrenceSettings:
                 config_dict[name] = kwargs.pop(name)
         return config_dict
 
+    @classmethod
+    def _with_default_window(
+        cls, config_dict: dict[str, Any], positions: int | None, converting: bool = False
+    ) -> dict[str, Any]:
+        """`config_dict` (a copy) with the default window where it names none: the paper's 300 tokens, or the whole
+        position table (`positions`) if that is shorter, and no overlap. `converting` a stock checkpoint, that is
+        intended; every recurrent checkpoint saved by this package records its window, so one that does not was edited
+        or written elsewhere and the defaults may not be what it was trained with: that warns."""
+        config_dict = dict(config_dict)
+        missing = [name for name in ("window_size", "window_overlap") if name not in config_dict]
+        if converting:
+            config_dict.setdefault("window_overlap", cls.window_overlap)
+        elif missing and config_dict.get("model_type") == cls.model_type:
+            logger.warning(
+                f"This {cls.model_type} config has no {' or '.join(missing)}: running with the defaults "
+                f"(window_size={cls.window_size} or the position table if shorter, window_overlap="
+                f"{cls.window_overlap}). Set them in config.json to the values the model was trained with"
+            )
+        if positions is not None:
+            # PEFT and AutoConfig reload a converted model's base config through `from_dict` without a window too.
+            config_dict.setdefault("window_size", min(cls.window_size, positions))
+        return config_dict
+
     def validate_recurrence_settings(self):
         """Part of `@strict` validation, so a config changed after construction is checked again when saved."""
         self.check_recurrence_settings()
@@ -265,6 +293,18 @@ class RecurrenceSettings:
                 f"h_prev_rope_position={position} cannot be used over a {self.text_config.model_type!r} backbone: "
                 f"{reason}, so there is no rotation to give the h_prev key; leave h_prev_rope_position=None"
             )
+
+
+def _backbone_setting(name: str) -> property:
+    """A field of the backbone's config, read and written through `RecurrentDecoderConfig` (never saved there)."""
+
+    def get(self: "RecurrentDecoderConfig") -> Any:
+        return getattr(self.text_config, name)
+
+    def set(self: "RecurrentDecoderConfig", value: Any) -> None:
+        setattr(self.text_config, name, value)
+
+    return property(get, set, doc=f"The backbone's `{name}` (`text_config.{name}`).")
 
 
 @strict
@@ -336,10 +376,24 @@ class RecurrentDecoderConfig(RecurrenceSettings, PreTrainedConfig):
     text_config: dict | PreTrainedConfig | None = None
     tie_word_embeddings: bool = True
 
+    # The backbone's settings that a tokenizer dictates and code sets on a stock model's top-level config
+    # (`config.pad_token_id = tokenizer.pad_token_id`): here they are the backbone's, which its embeddings, logits and
+    # the classification head's padding read, so given or set at the top level they reach `text_config`.
+    vocab_size = _backbone_setting("vocab_size")
+    pad_token_id = _backbone_setting("pad_token_id")
+    bos_token_id = _backbone_setting("bos_token_id")
+    eos_token_id = _backbone_setting("eos_token_id")
+
     def __post_init__(self, **kwargs):
         self._set_default_hidden_sizes()
         kwargs.setdefault("auto_map", dict(AUTO_MAP))
+        labels_given = self.id2label is not None or kwargs.get("num_labels") is not None
         super().__post_init__(**kwargs)
+        if not labels_given:
+            # A head's labels are the backbone config's unless given here, as a stock classifier's config holds them.
+            self.id2label, self.label2id = self.text_config.id2label, self.text_config.label2id
+        if self.problem_type is None:
+            self.problem_type = self.text_config.problem_type
         # Ties are the backbone's: its own config decides them when it is built.
         self.tie_word_embeddings = self.text_config.tie_word_embeddings
         check_backbone(self.text_config)
@@ -355,17 +409,19 @@ class RecurrentDecoderConfig(RecurrenceSettings, PreTrainedConfig):
             )
             # The labels of a stock classifier's checkpoint are the head's, so they stay at the top level.
             labels = {name: config_dict[name] for name in CLASSIFIER_SETTINGS if name in config_dict}
-            config_dict = {"model_type": cls.model_type, "text_config": config_dict, **labels}
+            wrapped = {"model_type": cls.model_type, "text_config": config_dict, **labels}
+            config_dict = cls._with_default_window(wrapped, _dict_positions(config_dict), converting=True)
         return config_dict, kwargs
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> "RecurrentDecoderConfig":
         config_dict = cls._with_family_settings(config_dict, kwargs)
         text = config_dict.get("text_config")
-        if "window_size" not in config_dict and isinstance(text, dict):
-            positions = text.get("max_position_embeddings", text.get("n_positions"))
-            if positions is not None:
-                config_dict["window_size"] = min(cls.window_size, positions)
+        config_dict = cls._with_default_window(config_dict, _dict_positions(text) if isinstance(text, dict) else None)
+        if config_dict.get("model_type") == cls.model_type and "id2label" not in config_dict:
+            # transformers saves no `id2label` for the default two labels: a saved head has two, whatever the
+            # backbone's config says (`__post_init__` takes those only when the labels are not given).
+            config_dict.setdefault("num_labels", 2)
         return super().from_dict(config_dict, **kwargs)
 
 
@@ -426,30 +482,18 @@ class NamedFamilyConfig(RecurrenceSettings):
         if config_dict.get("model_type") == cls.stock_config_class.model_type:
             # Converting a stock checkpoint is the intended use, not a type mismatch worth a warning.
             logger.info(f"Converting the {config_dict['model_type']!r} config of {pretrained_model_name_or_path}")
-            config_dict = {**config_dict, "model_type": cls.model_type}
-            # It has no window yet: the family's defaults (or from_pretrained's settings) are meant, unlike in a
-            # recurrent checkpoint whose config lacks them (see `from_dict`).
-            config_dict.setdefault("window_overlap", cls.window_overlap)
-            if cls.position_table_field in config_dict:
-                config_dict.setdefault("window_size", min(cls.window_size, config_dict[cls.position_table_field]))
+            # It has no window yet: the family's defaults (or from_pretrained's settings) are meant.
+            config_dict = cls._with_default_window(
+                {**config_dict, "model_type": cls.model_type},
+                config_dict.get(cls.position_table_field),
+                converting=True,
+            )
         return config_dict, kwargs
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> PreTrainedConfig:
         config_dict = cls._with_family_settings(config_dict, kwargs)
-        missing = [name for name in ("window_size", "window_overlap") if name not in config_dict]
-        if missing and config_dict.get("model_type") == cls.model_type:
-            # Every recurrent checkpoint saved by this package records its window; one that does not was edited
-            # or written elsewhere, and the defaults may not be what it was trained with.
-            logger.warning(
-                f"This {cls.model_type} config has no {' or '.join(missing)}: running with the defaults "
-                f"(window_size={cls.window_size} or the position table if shorter, window_overlap="
-                f"{cls.window_overlap}). Set them in config.json to the values the model was trained with"
-            )
-        if "window_size" not in config_dict and cls.position_table_field in config_dict:
-            # The paper's 300 tokens, or the whole position table if that is shorter (PEFT and AutoConfig reload a
-            # converted model's base config exactly this way).
-            config_dict["window_size"] = min(cls.window_size, config_dict[cls.position_table_field])
+        config_dict = cls._with_default_window(config_dict, config_dict.get(cls.position_table_field))
         return super().from_dict(config_dict, **kwargs)
 
 

@@ -16,6 +16,7 @@ variant and its file format; `generation_recurrent_decoder.py` the generate() ho
 decode. Every class a checkpoint's `auto_map` names is importable from here.
 """
 
+import copy
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -32,6 +33,7 @@ from transformers.modeling_layers import (
     GenericForTokenClassification,
     GradientCheckpointingLayer,
 )
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import ModelOutput, logging
 
 from .configuration_recurrent_decoder import (
@@ -318,6 +320,16 @@ class _KeptColumns:
 
 # What the stock base model is called in a stock checkpoint: `transformer` for GPT-2, `model` for the other families.
 STOCK_BASE_PREFIXES = ("model", "transformer")
+# The options of `from_pretrained` that say where a config is read from, which a GGUF file's config is read with too.
+_CONFIG_LOADING_OPTIONS = (
+    "cache_dir",
+    "force_download",
+    "local_files_only",
+    "proxies",
+    "revision",
+    "subfolder",
+    "token",
+)
 
 
 def _stock_layout_renamings(
@@ -387,12 +399,19 @@ class RecurrentDecoderPreTrainedModel(PreTrainedModel):
 
     def _check_inner_attention(self, name: str) -> None:
         """Raise `ValueError` unless the recurrence can run on the attention implementation `name`."""
-        if name not in INNER_ATTENTIONS:
-            raise ValueError(
-                f"attn_implementation={name!r} cannot carry the recurrence of {type(self).__name__} over a "
-                f"{self.config.text_config.model_type!r} backbone: h_prev and the window cache need a custom per-row "
-                f"attention mask, which flash, flex and kernel attention do not take; use one of {list(INNER_ATTENTIONS)}"
-            )
+        if name in INNER_ATTENTIONS:
+            return
+        # transformers' own implementations (flash, flex, paged) and Hub kernels ("org/repo") exist but cannot carry
+        # it; anything else is no attention implementation at all, and saying why flash cannot would mislead.
+        if name in ALL_ATTENTION_FUNCTIONS.valid_keys() or "/" in name:
+            reason = "h_prev and the window cache need a custom per-row attention mask, which flash, flex and kernel "
+            reason += "attention do not take"
+        else:
+            reason = "it is not an attention implementation transformers knows"
+        raise ValueError(
+            f"attn_implementation={name!r} cannot carry the recurrence of {type(self).__name__} over a "
+            f"{self.config.text_config.model_type!r} backbone: {reason}; use one of {list(INNER_ATTENTIONS)}"
+        )
 
     def set_attn_implementation(self, attn_implementation: str | dict, allow_all_kernels: bool = False) -> None:
         # transformers would also give the backbones the plain name: stock models without the recurrence.
@@ -439,6 +458,8 @@ class RecurrentDecoderPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
+        if kwargs.get("gguf_file") is not None:
+            return cls._from_gguf(*args, **kwargs)
         loaded = super().from_pretrained(*args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded
         # A checkpoint read without any renaming (an old named bare model's `h.*`, which transformers reads under the
@@ -448,6 +469,48 @@ class RecurrentDecoderPreTrainedModel(PreTrainedModel):
             # None: the class's registered renamings, which the causal LMs (no `_stock_layout`) save with.
             model._weight_conversions = list(model._stock_layout) if model._stock_layout is not None else None
         return loaded
+
+    @classmethod
+    def _from_gguf(
+        cls, pretrained_model_name_or_path: str | os.PathLike, *, gguf_file: str, **kwargs
+    ) -> "RecurrentDecoderPreTrainedModel":
+        """A GGUF file holds a stock causal LM, which transformers reads (de-quantised to float32; transformers cannot
+        map its tensors onto this model's names): this model is built around a copy of its weights, only the
+        recurrence new, as `hf-recurrence convert` does. `kwargs`: the recurrence settings (`window_size`, ...), the
+        `dtype` of the result, and transformers' loading options."""
+        if not issubclass(cls, RecurrentDecoderForCausalLM):
+            raise ValueError(
+                f"{cls.__name__}.from_pretrained(..., gguf_file={gguf_file!r}) is not supported (a GGUF file holds a "
+                "stock causal LM): load it with RecurrentDecoderForCausalLM.from_pretrained(..., gguf_file=...), or "
+                "convert it with `hf-recurrence convert` and load the folder it writes"
+            )
+        settings = {name: kwargs.pop(name) for name in RecurrentDecoderConfig.family_settings if name in kwargs}
+        config = kwargs.pop("config", None)
+        dtype = kwargs.pop("dtype", None)
+        # float32 gives plain de-quantised weights (another dtype keeps them packed).
+        stock = AutoModelForCausalLM.from_pretrained(
+            pretrained_model_name_or_path, gguf_file=gguf_file, dtype=torch.float32, **kwargs
+        )
+        if config is None:
+            options = {key: kwargs[key] for key in _CONFIG_LOADING_OPTIONS if key in kwargs}
+            config = cls.config_class.from_pretrained(
+                pretrained_model_name_or_path, gguf_file=gguf_file, **options, **settings
+            )
+        model = cls(config)._with_stock_weights(stock)
+        if dtype is not None and dtype != "auto":
+            model = model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+        return model.eval()
+
+    def _with_stock_weights(self, stock: PreTrainedModel) -> "RecurrentDecoderPreTrainedModel":
+        """This causal LM on `stock`'s device and dtype, its backbone holding a copy of every weight of the loaded stock
+        causal LM `stock` (the same stock class built from the same config, so every key must match both ways), and
+        the stock model's generation defaults (its end of sequence, ...)."""
+        model = self.to(device=stock.device, dtype=stock.dtype)
+        missing, unexpected = model.backbone.load_state_dict(stock.state_dict(), strict=False)
+        if missing or unexpected:
+            raise ValueError(f"not a complete checkpoint: missing {missing}, unexpected {unexpected}")
+        model.generation_config = copy.deepcopy(stock.generation_config)
+        return model
 
     def new_state(
         self, batch_size: int, window_size: int | None = None, window_overlap: int | None = None
@@ -800,7 +863,8 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
 
 class RecurrentDecoderBaseModelView:
     """`RecurrentDecoderForCausalLM.base_model`: called with the inputs of `RecurrentDecoderModel.forward`, the causal
-    LM's final hidden states (no logits); any attribute is the stock backbone's."""
+    LM's final hidden states (no logits); any attribute is the stock base model's (`layers`, `embed_tokens`, `h`,
+    `wte`, ...), as a stock causal LM's `base_model` is its base model."""
 
     def __init__(self, model: "RecurrentDecoderForCausalLM"):
         self._model = model
@@ -810,7 +874,7 @@ class RecurrentDecoderBaseModelView:
         return RecurrentDecoderModel.forward(self._model, *args, **kwargs)
 
     def __getattr__(self, name: str):
-        return getattr(self._model.backbone, name)
+        return getattr(self._model.backbone.base_model, name)
 
 
 class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, RecurrentDecoderGenerationMixin):
@@ -1134,6 +1198,11 @@ class RecurrentGPT2LMHeadModel(RecurrentDecoderForCausalLM, GenerationMixin):
         `model.transformer.wte`, ...)."""
         return self.backbone.transformer
 
+    @property
+    def lm_head(self) -> nn.Module:
+        """The stock head inside the backbone, where `GPT2LMHeadModel` has it."""
+        return self.backbone.lm_head
+
 
 class RecurrentLlamaForCausalLM(RecurrentDecoderForCausalLM, GenerationMixin):
     """[`RecurrentDecoderForCausalLM`] over Llama, under the name and in the checkpoint layout (a flat
@@ -1144,6 +1213,11 @@ class RecurrentLlamaForCausalLM(RecurrentDecoderForCausalLM, GenerationMixin):
     state_class = RecurrentLlamaState
     recurrence_saved_in_base_model = True
 
+    def __init__(self, config: RecurrentLlamaConfig):
+        super().__init__(config)
+        # As `LlamaForCausalLM` sets it (`resize_token_embeddings` updates it).
+        self.vocab_size = config.vocab_size
+
     @property
     def model(self) -> nn.Module:
         """The stock `LlamaModel` inside the backbone, where this class kept it before the core (`model.model.layers`,
@@ -1152,6 +1226,7 @@ class RecurrentLlamaForCausalLM(RecurrentDecoderForCausalLM, GenerationMixin):
 
     @property
     def lm_head(self) -> nn.Module:
+        """The stock head inside the backbone, where `LlamaForCausalLM` has it."""
         return self.backbone.lm_head
 
 
