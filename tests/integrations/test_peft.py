@@ -1,14 +1,18 @@
 """PEFT on every family: LoRA finds its default target modules by our model types (registered by
-`hf_recurrence.integrations.peft_defaults`), prompt tuning runs, and prefix tuning is refused with the reason."""
+`hf_recurrence.integrations.peft_defaults`), on the recurrence core over stock backbones too, prompt tuning runs,
+prefix tuning is refused with the reason, and adapters with the recurrence in `modules_to_save` save and reload."""
 
 import pytest
 import torch
 from peft import LoraConfig, PeftModel, PrefixTuningConfig, PromptTuningConfig, TaskType, get_peft_model
 from peft.tuners.lora import LoraLayer
+from transformers import Trainer
 
+from hf_recurrence import RecurrentLlamaForCausalLM
 from hf_recurrence.integrations.peft_defaults import register_peft_defaults
 
-from .families import FAMILIES
+from ..common import RandomBlocks, tiny_recurrent_llama_config, tiny_training_arguments
+from ..families import BACKBONES, FAMILIES
 
 
 EXPECTED_TARGETS = {
@@ -18,6 +22,7 @@ EXPECTED_TARGETS = {
     "inductive_bert": {"query", "value"},
 }
 CAUSAL = [family for family in FAMILIES if family.stateful]
+BY_NAME = {backbone.name: backbone for backbone in BACKBONES}
 
 
 def _loss(model, family) -> torch.Tensor:
@@ -71,3 +76,51 @@ def test_saved_lora_adapter_loads_through_peft_and_through_transformers(family, 
     with torch.no_grad():
         torch.testing.assert_close(through_peft(ids).logits, expected, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(through_transformers(ids).logits, expected, rtol=1e-6, atol=1e-6)
+
+
+# peft 0.21 still reads the `is_gradient_checkpointing` property that transformers 5.23 deprecates.
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_lora_on_q_and_v_trains_adapters_and_recurrence_only(tmp_path):
+    base = RecurrentLlamaForCausalLM(tiny_recurrent_llama_config())
+    base.save_pretrained(tmp_path / "base")
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["recurrence"], task_type="CAUSAL_LM")
+    model = get_peft_model(base, lora)
+    trainable = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+    assert any("lora_" in name for name in trainable) and any(".recurrence." in name for name in trainable)
+    assert all("lora_" in name or ".recurrence.modules_to_save." in name for name in trainable)
+
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    ids = torch.randint(1, 99, (2, 30))
+    for _ in range(3):
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+    model.save_pretrained(tmp_path / "adapter")
+    reloaded = PeftModel.from_pretrained(
+        RecurrentLlamaForCausalLM.from_pretrained(tmp_path / "base"), tmp_path / "adapter"
+    ).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-5)
+    assert reloaded.generate(input_ids=ids[:, :3], max_new_tokens=20, do_sample=False).shape == (2, 23)
+
+
+@pytest.mark.parametrize(
+    ("name", "targets"), [("llama", {"q_proj", "v_proj"}), ("phi3", {"qkv_proj"}), ("gpt2", {"c_attn"})]
+)
+def test_the_core_trains_with_the_trainer_and_lora_finds_its_default_targets(name, targets, tmp_path):
+    model, _ = BY_NAME[name].models()
+    model.train()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    result = Trainer(model=model, args=tiny_training_arguments(tmp_path), train_dataset=RandomBlocks(4, 30)).train()
+    assert torch.isfinite(torch.tensor(result.training_loss))
+    assert [n for n, p in model.named_parameters() if torch.equal(before[n], p)] == []
+
+    lora = get_peft_model(model, LoraConfig(r=4, task_type="CAUSAL_LM"))
+    adapted = {n.rsplit(".", 1)[-1] for n, module in lora.named_modules() if isinstance(module, LoraLayer)}
+    assert adapted == targets
+    tokens = torch.randint(1, 99, (2, 30))
+    lora(tokens, labels=tokens).loss.backward()
+    assert all(p.grad is not None for n, p in lora.named_parameters() if "lora_B" in n)
