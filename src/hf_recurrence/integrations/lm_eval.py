@@ -27,7 +27,8 @@ import sys
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from ..models import RecurrentGPT2Config, RecurrentLlamaConfig, TransformerXLConfig
+from ..models.recurrent_decoder import RecurrentGPT2Config, RecurrentLlamaConfig
+from ..models.transformer_xl import TransformerXLConfig
 from ..outputs import UsageError
 
 
