@@ -20,6 +20,7 @@ from transformers import (
     PreTrainedModel,
     Trainer,
 )
+from transformers.utils import ModelOutput
 
 from hf_recurrence import (
     RecurrentDecoderConfig,
@@ -62,6 +63,10 @@ def document(length: int = 30) -> torch.Tensor:
     ids = torch.randint(1, 99, (2, length), generator=torch.Generator().manual_seed(1))
     ids[1, :7] = PAD
     return ids
+
+
+# The name transformers gives the state in model inputs and outputs: `cache` from 5.24 on.
+STATE_NAME = "cache" if isinstance(getattr(ModelOutput, "past_key_values", None), property) else "past_key_values"
 
 
 def state_of(output) -> object:
@@ -134,7 +139,8 @@ def test_sequence_head_left_padded_rows_equal_each_row_alone_after_reading_all_o
         torch.testing.assert_close(right, logits[1:], **ROUNDING)
         # Read in two calls carrying the state: the last call's scores are the one call's.
         first = model(ids[:, :13], attention_mask=mask[:, :13])
-        rest = model(ids[:, 13:], attention_mask=mask, past_key_values=state_of(first))
+        # Under the installed transformers' name: 5.24's generic heads deprecate `past_key_values` for `cache`.
+        rest = model(ids[:, 13:], attention_mask=mask, **{STATE_NAME: state_of(first)})
         torch.testing.assert_close(rest.logits, logits, **ROUNDING)
         # The first token reaches the scores through the carried state.
         changed = ids.clone()
@@ -222,7 +228,7 @@ def test_the_classifier_keeps_the_recurrence_across_attention_implementations_an
     model.train()
     plain = torch.autograd.grad(model(ids, labels=labels).loss, model.model.recurrence.ffn[0].weight)[0]
     # Whole window steps are recomputed; the stock layers inside are not checkpointed again.
-    model.gradient_checkpointing_enable()
+    model.activation_checkpointing_enable()
     assert model.model.window_step.gradient_checkpointing
     assert not any(getattr(m, "gradient_checkpointing", False) for m in model.model.backbone.modules())
     checkpointed = torch.autograd.grad(model(ids, labels=labels).loss, model.model.recurrence.ffn[0].weight)[0]
