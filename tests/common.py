@@ -333,7 +333,7 @@ def assert_cache_implementation_is_refused(model, implementation: str, tmp_path:
     """`generate()` refuses a cache_implementation, given to the call or saved in generation_config.json: the causal
     families carry their own recurrent state, and generate() would otherwise only warn that it "will be ignored"
     ("paged", continuous batching, only logged the failure of its background generation loop)."""
-    prompt = torch.randint(1, model.config.vocab_size, (1, 5))
+    prompt = torch.randint(1, model.config.get_text_config().vocab_size, (1, 5))
     with pytest.raises(ValueError, match=rf"cache_implementation='{implementation}'.*own recurrent state"):
         model.generate(prompt, max_new_tokens=3, do_sample=False, cache_implementation=implementation)
     model.generation_config.cache_implementation = implementation

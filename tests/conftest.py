@@ -61,3 +61,17 @@ def pytest_runtest_setup(item):
 def hub_server(pytestconfig) -> HubServer:
     """The session's Hub-API server; `HF_ENDPOINT` points at it."""
     return pytestconfig.stash[HUB_SERVER]
+
+
+@pytest.fixture
+def gpt2_dir(tmp_path):
+    """A tiny stock GPT-2 folder with the stdlib tokenizer (`tests/common.py`), as `hf-recurrence convert` reads one."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from .common import TINY_GPT2, stdlib_tokenizer
+
+    path = tmp_path / "gpt2"
+    tokenizer = stdlib_tokenizer()
+    GPT2LMHeadModel(GPT2Config(**{**TINY_GPT2, "vocab_size": len(tokenizer)})).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -304,7 +304,7 @@ NAMED_DECODERS = [family for family in FAMILIES if family.name.startswith("recur
 @dataclass(frozen=True)
 class Backbone:
     """A stock transformers decoder that `RecurrentDecoderForCausalLM` runs over, as one row of the backbone driver
-    (`tests/test_backbones.py`).
+    (`tests/models/recurrent_decoder/test_backbones_recurrent_decoder.py`).
 
     Args:
         name: the stock `model_type`.
@@ -324,22 +324,25 @@ class Backbone:
         """The model type of the recurrent model over this backbone: the core's."""
         return RecurrentDecoderConfig.model_type
 
-    def text_config(self) -> PreTrainedConfig:
-        config = AutoConfig.for_model(self.name, **{**TINY_BACKBONE, **self.overrides})
+    def text_config(self, **overrides) -> PreTrainedConfig:
+        """The tiny stock config of this row; `overrides` are further stock config fields (e.g. `hidden_size`)."""
+        config = AutoConfig.for_model(self.name, **{**TINY_BACKBONE, **self.overrides, **overrides})
         config._attn_implementation = self.attn_implementation
         return config
 
-    def models(self, **settings) -> tuple[RecurrentDecoderForCausalLM, PreTrainedModel]:
+    def models(self, text: dict | None = None, **settings) -> tuple[RecurrentDecoderForCausalLM, PreTrainedModel]:
         """The recurrent model (8-token windows, insertion layer 1, a recurrence network with random weights large
-        enough that h_prev matters) and the stock model with the same backbone weights, both in eval mode."""
+        enough that h_prev matters) and the stock model with the same backbone weights, both in eval mode. `text`:
+        stock config fields of the backbone besides the row's; `settings`: recurrence settings."""
         torch.manual_seed(0)
         kwargs = {"window_size": 8, "insertion_layer": 1, "recurrence_hidden_sizes": [16], **settings}
-        model = RecurrentDecoderForCausalLM(RecurrentDecoderConfig(text_config=self.text_config(), **kwargs)).eval()
+        config = RecurrentDecoderConfig(text_config=self.text_config(**(text or {})), **kwargs)
+        model = RecurrentDecoderForCausalLM(config).eval()
         generator = torch.Generator().manual_seed(2)
         with torch.no_grad():
             for parameter in model.recurrence.parameters():
                 parameter.normal_(0, 0.5, generator=generator)
-        stock = AutoModelForCausalLM.from_config(self.text_config()).eval()
+        stock = AutoModelForCausalLM.from_config(self.text_config(**(text or {}))).eval()
         stock.load_state_dict(model.backbone.state_dict())
         return model, stock
 

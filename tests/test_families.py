@@ -143,34 +143,6 @@ def test_logits_to_keep_and_generate_reads_a_prompt_without_its_logits(family):
     assert [shape[1] for shape in head_inputs if shape[1]] == [1, 1, 1]
 
 
-def _scalar_reads(fn) -> int:
-    """How many times `fn` reads a scalar from a tensor (a device-to-host sync on a GPU)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
-        fn()
-    return sum(event.count for event in profiler.key_averages() if event.key == "aten::_local_scalar_dense")
-
-
-@by_family(NAMED_DECODERS)
-def test_rows_in_lockstep_plan_their_windows_on_the_host(family):
-    model = family.head(window_overlap=3)
-    ids = family.inputs(length=30)["input_ids"]  # 5 windows of the tiny config
-    with torch.no_grad():
-        state = model(ids[:, :12]).past_key_values
-        assert state.lockstep == (int(state.fill[0]), int(state.window_index[0])) == (7, 1)
-        # The same input planned from the per-row tensors gives the same outputs.
-        on_device = model.new_state(2)
-        on_device.leave_lockstep()
-        torch.testing.assert_close(model(ids, past_key_values=on_device).logits, model(ids).logits)
-        # One read per call (whether the input has padding); none inside the window loop.
-        assert _scalar_reads(lambda: model(ids)) == 1
-        assert _scalar_reads(lambda: model(ids, attention_mask=torch.ones_like(ids))) == 1
-        mask = torch.ones_like(ids)
-        mask[0, :3] = 0
-        padded = model(ids, attention_mask=mask).past_key_values
-        assert padded.lockstep is None
-        assert padded.reset().lockstep == (0, 0)
-
-
 def _tensors(state) -> list[torch.Tensor]:
     """Every tensor the state holds, directly or in a list/tuple attribute."""
     found = []
@@ -227,18 +199,6 @@ def test_attentions_and_hidden_states(family):
             state = chunk.past_key_values
     for layer, weights in enumerate(whole):
         torch.testing.assert_close(torch.cat([piece[layer] for piece in pieces], dim=2), weights)
-
-
-@by_family(NAMED_DECODERS)
-def test_h_prev_column_is_used_only_at_the_insertion_layer_after_the_first_window(family):
-    model = family.head()
-    window, insertion = model.config.window_size, model.config.insertion_layer
-    with torch.no_grad():
-        attentions = model(family.inputs(length=2 * window)["input_ids"], output_attentions=True).attentions
-    for layer, weights in enumerate(attentions):
-        h_prev = weights[..., 0]  # (batch, head, length)
-        assert not h_prev[..., :window].any()
-        assert h_prev[..., window:].all() if layer == insertion else not h_prev.any()
 
 
 # What the two named recurrent decoders share, from their config to forward (what is particular to each stays in

@@ -1,6 +1,8 @@
 """The recurrent state as a file: `state.save(path)` / `model.load_state(path)` for every causal family, the checks
 that refuse a file of another family, shape or format version, and the installed class and the Hub remote-code copy
-of a family accepting each other's states."""
+of a family accepting each other's states. The one home of these checks: the recurrent GPT-2 and Llama rows are the
+recurrence core (`RecurrentDecoderState`) over those backbones; every backbone row saves and continues a state in
+tests/models/recurrent_decoder/test_backbones_recurrent_decoder.py."""
 
 import json
 import sys
@@ -186,7 +188,7 @@ def test_an_in_memory_state_of_another_model_is_refused_in_one_error(family):
 
 def assert_states_of_another_model_are_refused(model, deeper_state, layers: int, ids: torch.Tensor) -> None:
     """`model` (with `layers` layers) refuses a state of a model one layer deeper, a state of another batch size and a
-    float32 state once it is bfloat16, each by name; shared with the recurrence core's tests."""
+    float32 state once it is bfloat16, each by name."""
     with torch.no_grad():
         state = model(ids[:, :SPLIT]).past_key_values
         with pytest.raises(
@@ -209,7 +211,7 @@ def test_values_no_run_leaves_in_a_state_are_refused_naming_the_file_and_field(f
 
 def assert_values_no_run_leaves_are_refused(model, good, header: dict, tmp_path) -> None:
     """`model.load_state` refuses rewrites of the state file `good` (with `header`) holding values no run leaves,
-    naming the file and the field; shared with the recurrence core's tests."""
+    naming the file and the field."""
 
     def refused(name: str, match: str, **rewrite) -> None:
         path = tmp_path / f"{name}.safetensors"
@@ -241,14 +243,40 @@ def assert_values_no_run_leaves_are_refused(model, good, header: dict, tmp_path)
         model.load_state(tmp_path / "text.safetensors")
 
 
-@pytest.mark.parametrize("family", [f for f in STATEFUL_FAMILIES if f.name != "transformer_xl"], ids=lambda f: f.name)
+WINDOWED_FAMILIES = [family for family in STATEFUL_FAMILIES if family.name != "transformer_xl"]
+
+
+@pytest.mark.parametrize("family", WINDOWED_FAMILIES, ids=lambda f: f.name)
 def test_window_counters_outside_the_window_or_the_cache_are_refused(family, tmp_path):
-    assert_window_counters_are_refused(*_saved_state(family, tmp_path), tmp_path)
+    model, state, good, header = _saved_state(family, tmp_path)
+    assert_window_counters_are_refused(model, state, good, header, tmp_path)
+    # The good file still loads and continues the text.
+    more = torch.randint(1, 99, (2, 5), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model(more, past_key_values=model.load_state(good)).logits, model(more, past_key_values=state).logits
+        )
+
+
+@pytest.mark.parametrize("family", WINDOWED_FAMILIES, ids=lambda f: f.name)
+def test_a_malformed_window_schedule_or_cache_dtypes_are_refused(family, tmp_path):
+    model, _, good, header = _saved_state(family, tmp_path)
+    for rewrite, match in (
+        ({"header": {**header, "window_size": 0}}, r"malformed 'window_size' in its header: 0"),
+        ({"header": {**header, "window_size": 99}}, r"cannot run with this model: window_size=99 exceeds"),
+        (
+            {"replace": {"values.1": _read_tensors(good)["values.1"].double()}},
+            r"has values of shapes .* and dtypes \['torch.float32', 'torch.float64'\]",
+        ),
+    ):
+        _rewrite(good, tmp_path / "bad.safetensors", **rewrite)
+        with pytest.raises(ValueError, match=match):
+            model.load_state(tmp_path / "bad.safetensors")
 
 
 def assert_window_counters_are_refused(model, state, good, header: dict, tmp_path) -> None:
     """`model.load_state` refuses rewrites of the windowed state file `good` whose fill counts leave the window or
-    disagree with the cache, or whose lockstep header is malformed; shared with the recurrence core's tests."""
+    disagree with the cache, or whose lockstep header is malformed."""
     header = {**header, "lockstep": None}
     fill = _read_tensors(good)["fill"]
     for name, value, match in (
@@ -272,7 +300,7 @@ def test_of_two_writers_of_one_path_without_overwrite_only_one_succeeds(family, 
 
 def assert_one_of_two_writers_wins(state, tmp_path, monkeypatch) -> None:
     """Of two writers of one path in the empty folder `tmp_path` without overwrite, only the first succeeds, and no
-    temporary file is left; shared with the recurrence core's tests."""
+    temporary file is left."""
     path = tmp_path / "state.safetensors"
     module = sys.modules[type(state).__module__]
     write = module.save_file
@@ -296,7 +324,7 @@ def test_a_failed_save_leaves_no_partial_file_and_the_state_docs_say_it_is_not_t
 
 def assert_a_failed_save_leaves_nothing(state, tmp_path) -> None:
     """A save over a folder fails without leaving a file in the empty folder `tmp_path`; a saved file is its owner's
-    only, and the state's docs say it is not thread-safe; shared with the recurrence core's tests."""
+    only, and the state's docs say it is not thread-safe."""
     (tmp_path / "taken").mkdir()
     with pytest.raises(OSError):
         state.save(tmp_path / "taken", overwrite=True)

@@ -12,13 +12,10 @@ from typing import Literal
 import transformers
 from transformers import PreTrainedConfig, PreTrainedModel
 
-from .models import (
-    InductiveBertConfig,
-    RecurrentDecoderConfig,
-    RecurrentGPT2Config,
-    RecurrentLlamaConfig,
-    TransformerXLConfig,
-)
+# From the model folders themselves: mypy cannot read the `__all__` that `hf_recurrence.models` re-exports.
+from .models.inductive_bert import InductiveBertConfig
+from .models.recurrent_decoder import RecurrentDecoderConfig, RecurrentGPT2Config, RecurrentLlamaConfig
+from .models.transformer_xl import TransformerXLConfig
 
 
 @dataclass(frozen=True)

@@ -227,7 +227,8 @@ def prepare_training_output_dir(
     A run given `--resume_from_checkpoint` continues in its folder, so that folder may hold the run already; with
     `--overwrite_output_dir` too, the checkpoint must not be one that would be removed.
     """
-    path = Path(training_args.output_dir)
+    # Optional in TrainingArguments' annotation only: its __post_init__ fills in the default folder.
+    path = Path(training_args.output_dir)  # type: ignore[arg-type]
     checkpoint = training_args.resume_from_checkpoint
     with training_args.main_process_first(desc="checking the output folder"):
         if training_args.local_process_index != 0:

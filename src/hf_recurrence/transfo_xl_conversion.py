@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from .models import TransformerXLConfig, TransformerXLLMHeadModel
+from .models.transformer_xl import TransformerXLConfig, TransformerXLLMHeadModel
 
 
 LEGACY_MODEL_TYPE = "transfo-xl"

@@ -18,13 +18,15 @@ def _skips(model_type: str) -> dict[str, str]:
     stock = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
     prefix = getattr(transformers, stock).base_model_prefix  # model (Llama, Qwen3) or transformer (GPT-2)
     return {
-        "test_retain_grad_hidden_states_attentions": retain_grad_skip("window", "tests/test_backbones.py"),
+        "test_retain_grad_hidden_states_attentions": retain_grad_skip(
+            "window", "tests/models/recurrent_decoder/test_backbones_recurrent_decoder.py"
+        ),
         "test_attention_outputs": (
             "it sets output_attentions=True on every sub-config, and text_config is the backbone's own config, which "
             "runs under the registered recurrent_eager / recurrent_sdpa attention: transformers' config setter accepts "
             "output_attentions only under the plain 'eager' name. The model's own output_attentions (argument or "
-            "config.output_attentions) returns the weights, laid out by window position; tests/test_backbones.py "
-            "checks them on every backbone"
+            "config.output_attentions) returns the weights, laid out by window position; "
+            "tests/models/recurrent_decoder/test_backbones_recurrent_decoder.py checks them on every backbone"
         ),
         **recurrence_core_skips(
             f"the stock backbone, a {stock}",

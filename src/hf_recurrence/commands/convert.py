@@ -29,7 +29,7 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..families import FAMILIES
-from ..models import RecurrentDecoderConfig, RecurrentLlamaConfig
+from ..models.recurrent_decoder import RecurrentDecoderConfig, RecurrentLlamaConfig
 from ..models.recurrent_decoder.configuration_recurrent_decoder import PRE_ATTENTION_NORMS
 from ..outputs import UsageError, finish_output_dir, prepare_output_dir, write_recorded
 from ..transfo_xl_conversion import convert_transfo_xl, is_legacy_checkpoint

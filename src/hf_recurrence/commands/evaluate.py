@@ -164,7 +164,9 @@ def schedule_grid(
                 f"{config.segment_length} tokens with its memory, not at --windows / --overlaps"
             )
         return [(None, None)]
-    windows = windows or [None]
+    # None: the window (or overlap) windowed_perplexity chooses.
+    grid_windows: list[int | None] = [*windows] if windows else [None]
+    grid_overlaps: list[int | None] = [*overlaps] if overlaps else [None]
     if config.model_type in RECURRENT_MODEL_TYPES:
         trained = config.window_overlap
         if overlaps and trained not in overlaps:
@@ -174,5 +176,5 @@ def schedule_grid(
             )
         elif overlaps and len(overlaps) > 1:
             print(f"note: {config.name_or_path} is recurrent: evaluated at its overlap {trained} only")
-        return [(window, trained) for window in windows]
-    return [(window, overlap) for window in windows for overlap in (overlaps or [None])]
+        return [(window, trained) for window in grid_windows]
+    return [(window, overlap) for window in grid_windows for overlap in grid_overlaps]

@@ -24,7 +24,8 @@ def preset_options(
             continue
         kind = hints[f.name]
         if typing.get_origin(kind) is Sequence:
-            kind = list[typing.get_args(kind)[0]]  # HfArgumentParser reads one or more values into a list
+            # HfArgumentParser reads one or more values into a list
+            kind = list[typing.get_args(kind)[0]]  # type: ignore[misc]  # a type built at run time, not an annotation
         if type(None) not in typing.get_args(kind):
             kind = kind | None
         default = getattr(defaults, f.name)

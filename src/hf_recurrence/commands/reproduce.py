@@ -21,6 +21,7 @@ position. They take the options marked "(smollm2)" below and the shared training
 import argparse
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from ..experiments.book_reproduction import BookReproductionSettings, reproduce_on_books
 from ..experiments.reproduction import ReproductionSettings, reproduce
@@ -28,7 +29,7 @@ from ..outputs import UsageError
 from .options import given_options, preset_options
 
 
-PRESETS = {
+PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
     "smoke": {
         "window_sizes": [32],
@@ -60,7 +61,7 @@ CAVEATS = {
 }
 
 # Presets of the long-books reproduction on a real pretrained decoder (BookReproductionSettings).
-BOOK_PRESETS = {
+BOOK_PRESETS: dict[str, dict[str, Any]] = {
     # About an hour on 2 CPU cores: 128-token windows (see BookReproductionSettings for why not 300 on a CPU).
     "smollm2": {},
     # The paper's T = 300 and about 12x the training tokens, every held-out token: for one GPU.

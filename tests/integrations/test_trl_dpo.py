@@ -15,7 +15,7 @@ from transformers import AutoTokenizer  # noqa: E402
 
 from hf_recurrence import RecurrentGPT2LMHeadModel  # noqa: E402
 
-from .common import SRC_ROOT, TRL_ON_CPU, tiny_recurrent_config  # noqa: E402
+from ..common import SRC_ROOT, TRL_ON_CPU, tiny_recurrent_config  # noqa: E402
 
 
 TOKENIZER = SRC_ROOT / "hf_recurrence" / "default_model"

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .families import BACKBONES, FAMILIES
+from ..families import BACKBONES, FAMILIES
 
 
 STEPS = 3

@@ -1,10 +1,10 @@
 """The equality contract of the causal families on a CUDA device, in float32 and bfloat16 (marked `gpu`: CI has no
-GPU, so these run where one is, e.g. `python -m pytest -m gpu tests/test_cuda.py`; ../shared/design/GPU.md)."""
+GPU, so these run where one is, e.g. `python -m pytest -m gpu tests/integrations/test_cuda.py`; ../shared/design/GPU.md)."""
 
 import pytest
 import torch
 
-from .families import STATEFUL_FAMILIES
+from ..families import STATEFUL_FAMILIES
 
 
 pytestmark = [

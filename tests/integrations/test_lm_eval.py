@@ -22,8 +22,8 @@ from transformers import AutoConfig, AutoTokenizer  # noqa: E402
 from hf_recurrence import RecurrentDecoderConfig, RecurrentDecoderForCausalLM, RecurrentGPT2LMHeadModel  # noqa: E402
 from hf_recurrence.integrations.lm_eval import UNBOUNDED_CONTEXT, RecurrentHFLM  # noqa: E402
 
-from .common import GQA, SRC_ROOT, TINY_BACKBONE, TINY_RECURRENCE, tiny_recurrent_config  # noqa: E402
-from .families import STATEFUL_FAMILIES  # noqa: E402
+from ..common import GQA, SRC_ROOT, TINY_BACKBONE, TINY_RECURRENCE, tiny_recurrent_config  # noqa: E402
+from ..families import STATEFUL_FAMILIES  # noqa: E402
 
 
 DEFAULT_MODEL = SRC_ROOT / "hf_recurrence" / "default_model"  # a stock GPT-2 (and the tokenizer used here)

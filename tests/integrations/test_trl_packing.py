@@ -18,9 +18,9 @@ from transformers import AutoTokenizer  # noqa: E402
 
 from hf_recurrence import RecurrentGPT2LMHeadModel  # noqa: E402
 
-from .common import SRC_ROOT, TRL_ON_CPU, tiny_recurrent_config  # noqa: E402
-from .families import STATEFUL_FAMILIES  # noqa: E402
-from .test_families import by_family  # noqa: E402
+from ..common import SRC_ROOT, TRL_ON_CPU, tiny_recurrent_config  # noqa: E402
+from ..families import STATEFUL_FAMILIES  # noqa: E402
+from ..test_families import by_family  # noqa: E402
 
 
 TOKENIZER = SRC_ROOT / "hf_recurrence" / "default_model"

@@ -1,5 +1,5 @@
 """What the recurrence core (`RecurrentDecoderForCausalLM`) must do over every backbone, run over the backbone table
-(`tests/families.py` BACKBONES): its first window is the stock model, chunked calls carrying the state equal one
+(`tests/families.py` BACKBONES, the shared base in `backbones.py`): its first window is the stock model, chunked calls carrying the state equal one
 call, greedy generation past the position table equals an argmax loop, a left-padded row equals the row alone, a
 saved state continues the text, the state detaches, resets and reorders, rows in lockstep plan their windows on the
 host, attention weights come laid out by window position, and h_prev enters the insertion layer through the norm the
@@ -14,17 +14,9 @@ from hf_recurrence.models.recurrent_decoder.configuration_recurrent_decoder impo
     rotary_refusal_reason,
 )
 
-from .common import ACROSS_KERNELS, attentions_and_hidden_states
-from .families import BACKBONES, Backbone
-
-
-def by_backbone(backbones: list[Backbone] = BACKBONES):
-    return pytest.mark.parametrize("backbone", backbones, ids=[backbone.name for backbone in backbones])
-
-
-def ids(batch: int = 2, length: int = 30) -> torch.Tensor:
-    """Token ids without 0, the padding id of the tiny configs."""
-    return torch.randint(1, 99, (batch, length), generator=torch.Generator().manual_seed(1))
+from ...common import ACROSS_KERNELS, attentions_and_hidden_states, chunked_logits, greedy_loop
+from ...families import BACKBONES
+from .backbones import BY_NAME, REPRESENTATIVE, by_backbone, ids
 
 
 @by_backbone()
@@ -41,39 +33,68 @@ def test_first_window_is_the_stock_model(backbone):
         assert (model(tokens).logits[:, 8:16] - alone).abs().max() > 1e-3
 
 
-@by_backbone()
-@pytest.mark.parametrize("overlap", [0, 3])
-def test_chunked_calls_carrying_the_state_equal_one_call(backbone, overlap):
+# Every row at a few split points; the representative rows at every overlap and more split points besides (GPT-2 at
+# every one: inside, at and across window boundaries), at least five windows for every overlap.
+SPLITS = ((1,), (5,), (8,), (13, 14, 15, 16), (3, 11, 29, 30), (20,))
+CHUNKINGS = [
+    *((backbone, overlap, (3, 11, 28, 29)) for backbone in BACKBONES for overlap in (0, 3)),
+    *(
+        (backbone, overlap, splits)
+        for backbone in REPRESENTATIVE
+        for overlap in (0, 3, 7)
+        for splits in (SPLITS if backbone.name == "gpt2" else SPLITS[3:5])
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("backbone", "overlap", "splits"),
+    CHUNKINGS,
+    ids=[f"{b.name}-{o}-{'_'.join(map(str, s))}" for b, o, s in CHUNKINGS],
+)
+def test_chunked_calls_carrying_the_state_equal_one_call(backbone, overlap, splits):
     model, _ = backbone.models(window_overlap=overlap)
-    tokens = ids()
+    tokens = ids(length=45)
     with torch.no_grad():
         whole = model(tokens).logits
-        pieces, state = [], None
-        for start, stop in ((0, 3), (3, 11), (11, 28), (28, 29), (29, 30)):
-            out = model(tokens[:, start:stop], past_key_values=state)
-            pieces.append(out.logits)
-            state = out.past_key_values
-    torch.testing.assert_close(torch.cat(pieces, dim=1), whole)
-    assert state.get_seq_length() == 30
+        chunked, state = chunked_logits(model, tokens, splits)
+    torch.testing.assert_close(chunked, whole)
+    assert state.get_seq_length() == 45
 
 
-@by_backbone()
-def test_greedy_generate_past_the_position_table_equals_an_argmax_loop(backbone):
-    model, _ = backbone.models(window_overlap=2)
+@by_backbone(REPRESENTATIVE)
+@pytest.mark.parametrize("overlap", [0, 3])
+def test_token_by_token_equals_one_shot_and_keeps_one_window(backbone, overlap):
+    model, _ = backbone.models(window_overlap=overlap)
+    tokens = ids(length=42)
+    with torch.no_grad():
+        chunked, state = chunked_logits(model, tokens, list(range(1, 42)))
+        torch.testing.assert_close(chunked, model(tokens).logits)
+    assert state.slot_valid.shape[1] <= model.config.window_size
+
+
+# Every row past the 16-entry position table; the representative rows over ten windows, at two overlaps.
+GENERATIONS = [
+    *((backbone, 2, 20) for backbone in BACKBONES),
+    *((backbone, overlap, 80) for backbone in REPRESENTATIVE for overlap in (0, 3)),
+]
+
+
+@pytest.mark.parametrize(
+    ("backbone", "overlap", "new_tokens"), GENERATIONS, ids=[f"{b.name}-{o}-{n}" for b, o, n in GENERATIONS]
+)
+def test_greedy_generate_past_the_position_table_equals_an_argmax_loop(backbone, overlap, new_tokens):
+    model, _ = backbone.models(window_overlap=overlap)
     prompt = ids(length=4)
     generated = model.generate(
-        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, min_new_tokens=20, do_sample=False
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
     )
-    assert generated.shape[1] == 24 > model.config.text_config.max_position_embeddings
-    expected = prompt
-    with torch.no_grad():
-        for _ in range(20):
-            scores = model(expected).logits[:, -1]
-            # min_new_tokens keeps generate() from choosing the end-of-sequence token (id 0).
-            scores[:, 0] = -torch.inf
-            following = scores.argmax(-1, keepdim=True)
-            expected = torch.cat([expected, following], dim=1)
-    assert torch.equal(generated, expected)
+    assert generated.shape[1] == 4 + new_tokens > model.config.text_config.max_position_embeddings
+    assert torch.equal(generated, greedy_loop(model, prompt, new_tokens))
 
 
 @by_backbone()
@@ -135,9 +156,15 @@ def test_state_detach_reset_and_reorder(backbone):
     model, _ = backbone.models(window_overlap=2)
     tokens, following = ids(3, 20), ids(3, 9).flip(1)
     state = model.train()(tokens).past_key_values
-    assert state.h_prev.requires_grad
-    assert state.detach() is state and not state.h_prev.requires_grad
-    assert not any(t.requires_grad for t in [*state.keys, *state.values, state.pooled_sum, state.overlap_embeds])
+    assert state.h_prev.requires_grad and state.pooled_sum.requires_grad
+    assert state.detach() is state
+    assert not any(
+        t.requires_grad for t in [*state.keys, *state.values, *map(state.__getattribute__, state._BATCH_TENSORS)]
+    )
+    assert "seen_tokens=20" in repr(state)
+    # The cache follows the model's dtype; the pooled sum stays in float32.
+    state.to(dtype=torch.float64)
+    assert state.keys[0].dtype == torch.float64 and state.pooled_sum.dtype == torch.float32
     model.eval()
     with torch.no_grad():
         continued = model(following, past_key_values=model(tokens).past_key_values).logits
@@ -145,8 +172,10 @@ def test_state_detach_reset_and_reorder(backbone):
         order = torch.tensor([2, 2, 0])
         state.reorder_cache(order)
         torch.testing.assert_close(model(following[order], past_key_values=state).logits, continued[order])
+        assert state.batch_size == 3 and torch.equal(state.h_prev[0], state.h_prev[1])
         state.reset()
         assert state.get_seq_length() == 0 and state.lockstep == (0, 0)
+        assert int(state.fill.sum()) == 0 and state.slot_valid.shape[1] == 0
         torch.testing.assert_close(model(following, past_key_values=state).logits, model(following).logits)
 
 
@@ -169,6 +198,11 @@ def test_rows_in_lockstep_plan_their_windows_on_the_host(backbone):
         # One read per call (whether the input has padding), none in the window loop or the stock forward.
         assert _scalar_reads(lambda: model(tokens)) == 1
         assert _scalar_reads(lambda: model(tokens, attention_mask=torch.ones_like(tokens))) == 1
+        # A left-padded batch leaves the lockstep until the state is reset.
+        mask = torch.ones_like(tokens)
+        mask[0, :3] = 0
+        padded = model(tokens, attention_mask=mask).past_key_values
+        assert padded.lockstep is None and padded.reset().lockstep == (0, 0)
 
 
 @by_backbone()
@@ -209,7 +243,7 @@ def test_a_rotated_h_prev_key_carries_the_state_and_changes_only_later_windows(b
     ("name", "reason"), [("gpt2", "no rotary position embeddings"), ("smollm3", "NoPE")], ids=["gpt2", "smollm3"]
 )
 def test_a_rotated_h_prev_key_is_refused_where_the_insertion_layer_is_not_rotary(name, reason):
-    (backbone,) = [b for b in BACKBONES if b.name == name]
+    backbone = BY_NAME[name]
     with pytest.raises(
         ValueError, match=rf"h_prev_rope_position=-1 cannot be used over a '{name}' backbone: .*{reason}"
     ):
@@ -218,6 +252,6 @@ def test_a_rotated_h_prev_key_is_refused_where_the_insertion_layer_is_not_rotary
 
 @pytest.mark.parametrize("position", [1, -9])
 def test_h_prev_rope_position_outside_the_trained_offsets_is_refused_naming_the_value(position):
-    (backbone,) = [b for b in BACKBONES if b.name == "llama"]
+    backbone = BY_NAME["llama"]
     with pytest.raises(ValueError, match=rf"h_prev_rope_position={position!r}"):
         backbone.models(h_prev_rope_position=position)

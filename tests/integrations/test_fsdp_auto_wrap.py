@@ -6,7 +6,7 @@ from accelerate.utils import FullyShardedDataParallelPlugin
 
 from hf_recurrence import RecurrentDecoderConfig, RecurrentDecoderForCausalLM
 
-from .families import BACKBONES, FAMILIES
+from ..families import BACKBONES, FAMILIES
 
 
 # Every class of every family; I-BERT also with its LSTM feed-forward layers, which change the layer class; the core
