@@ -3,6 +3,7 @@
 Context"), written from the paper: segment-level recurrence with stop-gradient memories, relative sinusoidal
 positions with the u/v biases and the linear-cost relative shift. Plain softmax output tied to the input embeddings."""
 
+import glob
 import json
 import math
 import os
@@ -378,6 +379,33 @@ STATE_FILE_FORMAT_VERSION = 1
 _STATE_HEADER_KEY = "hf_recurrence_state"
 
 
+# Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder._partial_prefix
+def _partial_prefix(path: Path, pid: int) -> str:
+    """The hidden name a writer's temporary file of `path` begins with: it names the writing process."""
+    return f".{path.name}.{pid}-"
+
+
+# Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder._remove_abandoned_partials
+def _remove_abandoned_partials(path: Path) -> None:
+    """Remove the temporary files of `path` whose writer no longer runs: a writer killed outright (SIGKILL, a machine
+    stopped) cannot remove its own, and nothing else would."""
+    for partial in path.parent.glob(f".{glob.escape(path.name)}.*-*.partial"):
+        pid = partial.name[len(path.name) + 2 :].split("-", 1)[0]
+        if pid.isdigit() and not _process_runs(int(pid)):
+            partial.unlink(missing_ok=True)
+
+
+# Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder._process_runs
+def _process_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 # Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder._write_state_file
 def _write_state_file(
     path: str | os.PathLike, tensors: dict[str, torch.Tensor], header: dict, overwrite: bool
@@ -392,7 +420,10 @@ def _write_state_file(
     header = {**header, "format_version": STATE_FILE_FORMAT_VERSION}
     # safetensors refuses tensors that share memory (a fresh state repeats one empty cache tensor per layer).
     owned = {name: t.detach().contiguous().clone() for name, t in tensors.items()}
-    descriptor, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    _remove_abandoned_partials(path)
+    descriptor, partial = tempfile.mkstemp(
+        dir=path.parent, prefix=_partial_prefix(path, os.getpid()), suffix=".partial"
+    )
     os.close(descriptor)
     try:
         save_file(owned, partial, metadata={_STATE_HEADER_KEY: json.dumps(header, sort_keys=True)})
@@ -415,8 +446,10 @@ def _read_state_file(
 ) -> tuple[dict[str, torch.Tensor], dict]:
     """The tensors (on `device`) and the header of a state file written by `_write_state_file` for `family`."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"No state file at {path}")
+    if not path.is_file():
+        raise ValueError(f"{path} is not a state file: it is not a regular file (a directory, device or pipe)")
     try:
         with safe_open(str(path), framework="pt", device="cpu" if device is None else str(device)) as file:
             raw = (file.metadata() or {}).get(_STATE_HEADER_KEY)
@@ -446,13 +479,19 @@ def _read_state_file(
     return tensors, header
 
 
+# The largest count a state holds: positions and counters become int64 tensors.
+_LARGEST_COUNT = torch.iinfo(torch.int64).max
+
+
 # Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder._header_int
 def _header_int(header: dict, name: str, source: object, minimum: int = 0) -> int:
-    """The whole number `header[name]`, refused unless it is one (not a bool, float or string) and >= `minimum`."""
+    """The whole number `header[name]`, refused unless it is one (not a bool, float or string) from `minimum` to the
+    largest int64."""
     value = header.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= _LARGEST_COUNT:
         raise ValueError(
-            f"{source} has a malformed {name!r} in its header: {value!r}, expected an integer >= {minimum}"
+            f"{source} has a malformed {name!r} in its header: {value!r}, expected an integer from {minimum} to "
+            f"{_LARGEST_COUNT}"
         )
     return value
 
