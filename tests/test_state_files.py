@@ -5,7 +5,10 @@ recurrence core (`RecurrentDecoderState`) over those backbones; every backbone r
 tests/models/recurrent_decoder/test_backbones_recurrent_decoder.py."""
 
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -223,6 +226,10 @@ def assert_values_no_run_leaves_are_refused(model, good, header: dict, tmp_path)
     for bad in (-1, 2.5, "30", None, True):
         refused("seen", rf"malformed 'seen_tokens' in its header: {bad!r}", header={**header, "seen_tokens": bad})
     refused("fewer_seen", r"'seen_tokens'=1, fewer than its rows", header={**header, "seen_tokens": 1})
+    # Above int64, which positions and counters become: once an OverflowError that named no file.
+    refused(
+        "huge", r"malformed 'seen_tokens' in its header: 9223372036854775808", header={**header, "seen_tokens": 2**63}
+    )
 
     name, tensor = next((n, t) for n, t in sorted(_read_tensors(good).items()) if t.is_floating_point())
     refused(
@@ -238,6 +245,12 @@ def assert_values_no_run_leaves_are_refused(model, good, header: dict, tmp_path)
         with pytest.raises(ValueError, match=match) as error:
             model.load_state(tmp_path / "raw.safetensors")
         assert "raw.safetensors" in str(error.value)
+    if Path("/dev/zero").exists():
+        # Once "No state file at /dev/zero": it is there, and it is not a file.
+        with pytest.raises(ValueError, match="/dev/zero is not a state file: it is not a regular file"):
+            model.load_state("/dev/zero")
+    with pytest.raises(FileNotFoundError, match="No state file at"):
+        model.load_state(tmp_path / "absent.safetensors")
     (tmp_path / "text.safetensors").write_text("not a safetensors file")
     with pytest.raises(ValueError, match="text.safetensors is not a safetensors file"):
         model.load_state(tmp_path / "text.safetensors")
@@ -293,6 +306,36 @@ def assert_window_counters_are_refused(model, state, good, header: dict, tmp_pat
             model.load_state(tmp_path / "lockstep.safetensors")
 
 
+@pytest.mark.parametrize("family", WINDOWED_FAMILIES, ids=lambda f: f.name)
+def test_a_lockstep_state_claiming_more_tokens_than_its_rows_read_is_refused(family, tmp_path):
+    # Its rows read every column, so seen_tokens is known: more would make generate() continue from a wrong place.
+    model, state, good, header = _saved_state(family, tmp_path)
+    assert state.lockstep is not None
+    _rewrite(good, tmp_path / "over.safetensors", header={**header, "seen_tokens": state.seen_tokens + 5})
+    with pytest.raises(
+        ValueError, match=rf"'seen_tokens'={state.seen_tokens + 5}, but its rows, in lockstep .* have read"
+    ):
+        model.load_state(tmp_path / "over.safetensors")
+    # A padded batch's rows read fewer tokens than its columns: there, more seen tokens than rows read is expected.
+    ids, mask = _padded_inputs(family)
+    with torch.no_grad():
+        padded = model(ids, attention_mask=mask).past_key_values
+    padded.save(tmp_path / "padded.safetensors")
+    assert model.load_state(tmp_path / "padded.safetensors").seen_tokens == padded.seen_tokens
+
+
+@pytest.mark.parametrize("family", WINDOWED_FAMILIES, ids=lambda f: f.name)
+def test_cache_tensors_of_another_dtype_than_h_prev_are_named(family, tmp_path):
+    model, _, good, _ = _saved_state(family, tmp_path)
+    half = {name: t.half() for name, t in _read_tensors(good).items() if name.startswith("keys.")}
+    _rewrite(good, tmp_path / "half.safetensors", replace=half)
+    # Once reported as a malformed 'h_prev', the one tensor of the right dtype.
+    with pytest.raises(
+        ValueError, match=r"has keys of shapes .* and dtypes \['torch.float16'\], expected .* torch.float32"
+    ):
+        model.load_state(tmp_path / "half.safetensors")
+
+
 @pytest.mark.parametrize("family", STATEFUL_FAMILIES, ids=lambda f: f.name)
 def test_of_two_writers_of_one_path_without_overwrite_only_one_succeeds(family, tmp_path, monkeypatch):
     assert_one_of_two_writers_wins(_model_and_state(family)[1], tmp_path, monkeypatch)
@@ -315,6 +358,25 @@ def assert_one_of_two_writers_wins(state, tmp_path, monkeypatch) -> None:
         state.save(path)
     assert path.read_bytes() == b"the other writer's state"
     assert [p.name for p in tmp_path.iterdir()] == ["state.safetensors"]  # no temporary file left
+
+
+@pytest.mark.parametrize("family", STATEFUL_FAMILIES, ids=lambda f: f.name)
+def test_the_next_save_removes_what_a_killed_writer_left_and_keeps_a_running_ones(family, tmp_path):
+    assert_a_killed_writers_partial_is_removed(_model_and_state(family)[1], tmp_path)
+
+
+def assert_a_killed_writers_partial_is_removed(state, tmp_path) -> None:
+    """A temporary file of a writer killed outright (a process that no longer runs) goes at the next save of the same
+    path; one of a writer still running (this process), or of another path, stays."""
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(finished.stdout)
+    abandoned = tmp_path / f".state.safetensors.{dead}-x1y2.partial"
+    running = tmp_path / f".state.safetensors.{os.getpid()}-a1b2.partial"
+    other = tmp_path / f".other.safetensors.{dead}-c3d4.partial"
+    for partial in (abandoned, running, other):
+        partial.write_bytes(b"half a state")
+    state.save(tmp_path / "state.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([running.name, other.name, "state.safetensors"])
 
 
 @pytest.mark.parametrize("family", STATEFUL_FAMILIES, ids=lambda f: f.name)

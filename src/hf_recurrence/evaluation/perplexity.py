@@ -159,14 +159,7 @@ def windowed_perplexity(
     num_tokens = sum(len(doc) - 1 for doc in documents)
     progress = tqdm(total=num_tokens, unit="tok", desc="windowed perplexity", disable=not show_progress)
     with torch.no_grad(), _eval_mode(model), progress:
-        if config.model_type in STATEFUL_MODEL_TYPES:
-            # Longest first, so that documents batched together have similar lengths and little padding.
-            documents = sorted(documents, key=len, reverse=True)
-            for first in range(0, len(documents), batch_size):
-                batch = documents[first : first + batch_size]
-                total_nll += _stateful_nll(model, batch, window_size, progress, sinks)
-        else:
-            total_nll += _stock_nll(model, documents, window_size, overlap, batch_size, progress, sinks)
+        total_nll += _documents_nll(model, documents, window_size, overlap, batch_size, progress, sinks)
 
     nll = total_nll / num_tokens
     # The analytic count covers the recurrence core's backbones (GPT-2- and Llama-shaped blocks), stock or recurrent.
@@ -183,6 +176,27 @@ def windowed_perplexity(
         word_perplexity=math.exp(total_nll / num_words) if num_words else None,
         token_nll=token_nll,
     )
+
+
+def _documents_nll(
+    model: PreTrainedModel,
+    documents: list[torch.Tensor],
+    window_size: int,
+    overlap: int,
+    batch_size: int,
+    progress: tqdm,
+    sinks: dict[int, torch.Tensor] | None,
+) -> float:
+    """The summed NLL of every predicted token of `documents`: a stateful model reads `batch_size` documents side by
+    side, each through its own state; a stock model runs `batch_size` windows (of any documents) per forward."""
+    if model.config.model_type not in STATEFUL_MODEL_TYPES:
+        return _stock_nll(model, documents, window_size, overlap, batch_size, progress, sinks)
+    total_nll = 0.0
+    # Longest first, so that documents batched together have similar lengths and little padding.
+    documents = sorted(documents, key=len, reverse=True)
+    for first in range(0, len(documents), batch_size):
+        total_nll += _stateful_nll(model, documents[first : first + batch_size], window_size, progress, sinks)
+    return total_nll
 
 
 class WindowPrefixed(nn.Module):

@@ -39,6 +39,10 @@ def test_example_smoke_run(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "all_results.json").read_text())
     assert results["perplexity"] > 1
-    assert {"model.safetensors", "config.json", "modeling_transformer_xl.py", "tokenizer.json"} <= {
-        p.name for p in tmp_path.iterdir()
-    }
+    assert {
+        "model.safetensors",
+        "config.json",
+        "modeling_transformer_xl.py",
+        "state_transformer_xl.py",
+        "tokenizer.json",
+    } <= {p.name for p in tmp_path.iterdir()}

@@ -69,6 +69,17 @@ from .step_recurrent_decoder import (
 logger = logging.get_logger(__name__)
 
 
+def _refuse_logits_to_keep_with_labels(
+    logits_to_keep: int | torch.Tensor, labels: torch.Tensor | None, shift_labels: torch.Tensor | None
+) -> None:
+    """The loss needs every position's logits, so some of them only cannot be asked for with targets."""
+    keeps_some = not isinstance(logits_to_keep, int) or logits_to_keep != 0
+    if keeps_some and (labels is not None or shift_labels is not None):
+        raise ValueError(
+            f"logits_to_keep={logits_to_keep} cannot be combined with labels: the loss needs every position"
+        )
+
+
 def _given_state(past_key_values: object | None, cache: object | None) -> object | None:
     """The state passed under either name."""
     if past_key_values is not None and cache is not None:
@@ -965,6 +976,55 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, RecurrentDecoderG
             logits, None, self.config.text_config.vocab_size, shift_labels=shift_labels, num_items_in_batch=num_items
         )
 
+    def _logits_and_loss(
+        self,
+        embeds: torch.Tensor,
+        real: torch.Tensor,
+        document_starts: torch.Tensor | None,
+        state: RecurrentDecoderState,
+        shift_labels: torch.Tensor | None,
+        return_logits: bool | None,
+        logits_to_keep: int | torch.Tensor,
+        num_items: torch.Tensor | int | None,
+        outputs: tuple[bool, bool],
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, _WindowsRun]:
+        """Read the input's windows; return the logits kept (None when `return_logits` says so, as `forward`
+        documents), the loss (None without targets) and the run. Without logits the loss is taken window by
+        window, so the `(tokens, vocab)` logits are never held. `num_items`: Trainer's item count, else the targets'
+        own; `outputs`: whether to return hidden states and attentions."""
+        # Evaluation (Trainer's prediction_step, compute_metrics) needs the logits; training keeps the memory-lean loss.
+        keep_logits = (shift_labels is None or not self.training) if return_logits is None else return_logits
+        if shift_labels is not None and num_items is None:
+            num_items = (shift_labels != -100).sum()
+
+        def window_loss(logits: torch.Tensor, step_labels: torch.Tensor) -> torch.Tensor:
+            return self._loss(logits, step_labels, num_items)  # one window's (batch, new, vocab) logits
+
+        loss_per_window = shift_labels is not None and not keep_logits
+        # Every column's logits for the loss; none where nothing is returned (then the steps keep nothing).
+        columns = logits_to_keep if keep_logits else 0 if loss_per_window else torch.zeros(0, dtype=torch.long)
+        kept = _KeptColumns(columns, embeds.shape[1], embeds.device)
+        steps = self._forward_windows(
+            embeds,
+            real,
+            document_starts,
+            state,
+            kept,
+            shift_labels if loss_per_window else None,
+            window_loss if loss_per_window else None,
+            *outputs,
+        )
+        run = _WindowsRun(state, steps, *outputs)
+        logits = loss = None
+        if loss_per_window:
+            loss = torch.stack(run.head_outputs()).sum()
+        elif keep_logits:
+            logits = run.results()
+            if kept.order is not None:
+                logits = logits[:, kept.order]
+            loss = self._loss(logits, shift_labels, num_items) if shift_labels is not None else None
+        return logits, loss, run
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -1027,50 +1087,21 @@ class RecurrentDecoderForCausalLM(RecurrentDecoderWindowModel, RecurrentDecoderG
             if logits is not None:
                 output = RecurrentDecoderCausalLMOutput(logits=logits, **{STATE_NAME: state})
                 return output if return_dict is not False else output.to_tuple()
-        keeps_some = not isinstance(logits_to_keep, int) or logits_to_keep != 0
-        if keeps_some and (labels is not None or kwargs.get("shift_labels") is not None):
-            raise ValueError(
-                f"logits_to_keep={logits_to_keep} cannot be combined with labels: the loss needs every position"
-            )
+        _refuse_logits_to_keep_with_labels(logits_to_keep, labels, kwargs.get("shift_labels"))
         inputs = input_ids if input_ids is not None else inputs_embeds
         shift_labels = self._targets(labels, kwargs.get("shift_labels"), inputs, kwargs.get("position_ids"))
-        # Evaluation (Trainer's prediction_step, compute_metrics) needs the logits; training keeps the memory-lean loss.
-        keep_logits = (shift_labels is None or not self.training) if return_logits is None else return_logits
-        num_items = None
-        if shift_labels is not None:
-            num_items = kwargs.get("num_items_in_batch")
-            if num_items is None:
-                num_items = (shift_labels != -100).sum()
-
-        def window_loss(logits: torch.Tensor, step_labels: torch.Tensor) -> torch.Tensor:
-            return self._loss(logits, step_labels, num_items)  # one window's (batch, new, vocab) logits
-
-        loss_per_window = shift_labels is not None and not keep_logits
         embeds, real, document_starts, state = self._prepare(input_ids, attention_mask, state, inputs_embeds, kwargs)
-        # Every column's logits for the loss; none where nothing is returned (then the steps keep nothing).
-        columns = logits_to_keep if keep_logits else 0 if loss_per_window else torch.zeros(0, dtype=torch.long)
-        kept = _KeptColumns(columns, embeds.shape[1], embeds.device)
-        output_hidden_states, output_attentions = self._output_flags(output_hidden_states, output_attentions)
-        steps = self._forward_windows(
+        logits, loss, run = self._logits_and_loss(
             embeds,
             real,
             document_starts,
             state,
-            kept,
-            shift_labels if loss_per_window else None,
-            window_loss if loss_per_window else None,
-            output_hidden_states,
-            output_attentions,
+            shift_labels,
+            return_logits,
+            logits_to_keep,
+            kwargs.get("num_items_in_batch"),
+            self._output_flags(output_hidden_states, output_attentions),
         )
-        run = _WindowsRun(state, steps, output_hidden_states, output_attentions)
-        logits = loss = None
-        if loss_per_window:
-            loss = torch.stack(run.head_outputs()).sum()
-        elif keep_logits:
-            logits = run.results()
-            if kept.order is not None:
-                logits = logits[:, kept.order]
-            loss = self._loss(logits, shift_labels, num_items) if shift_labels is not None else None
         output = RecurrentDecoderCausalLMOutput(loss=loss, logits=logits, **run.outputs(use_cache))
         return output if return_dict is not False else output.to_tuple()
 

@@ -29,6 +29,7 @@ Example:
 """
 
 import functools
+import glob
 import json
 import os
 import tempfile
@@ -102,7 +103,10 @@ def _write_state_file(
     header = {**header, "format_version": STATE_FILE_FORMAT_VERSION}
     # safetensors refuses tensors that share memory (a fresh state repeats one empty cache tensor per layer).
     owned = {name: t.detach().contiguous().clone() for name, t in tensors.items()}
-    descriptor, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    _remove_abandoned_partials(path)
+    descriptor, partial = tempfile.mkstemp(
+        dir=path.parent, prefix=_partial_prefix(path, os.getpid()), suffix=".partial"
+    )
     os.close(descriptor)
     try:
         save_file(owned, partial, metadata={_STATE_HEADER_KEY: json.dumps(header, sort_keys=True)})
@@ -119,13 +123,39 @@ def _write_state_file(
         Path(partial).unlink(missing_ok=True)
 
 
+def _partial_prefix(path: Path, pid: int) -> str:
+    """The hidden name a writer's temporary file of `path` begins with: it names the writing process."""
+    return f".{path.name}.{pid}-"
+
+
+def _remove_abandoned_partials(path: Path) -> None:
+    """Remove the temporary files of `path` whose writer no longer runs: a writer killed outright (SIGKILL, a machine
+    stopped) cannot remove its own, and nothing else would."""
+    for partial in path.parent.glob(f".{glob.escape(path.name)}.*-*.partial"):
+        pid = partial.name[len(path.name) + 2 :].split("-", 1)[0]
+        if pid.isdigit() and not _process_runs(int(pid)):
+            partial.unlink(missing_ok=True)
+
+
+def _process_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def _read_state_file(
     path: str | os.PathLike, family: str, device: torch.device | str | None
 ) -> tuple[dict[str, torch.Tensor], dict]:
     """The tensors (on `device`) and the header of a state file written by `_write_state_file` for `family`."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"No state file at {path}")
+    if not path.is_file():
+        raise ValueError(f"{path} is not a state file: it is not a regular file (a directory, device or pipe)")
     try:
         with safe_open(str(path), framework="pt", device="cpu" if device is None else str(device)) as file:
             raw = (file.metadata() or {}).get(_STATE_HEADER_KEY)
@@ -155,12 +185,18 @@ def _read_state_file(
     return tensors, header
 
 
+# The largest count a state holds: positions and counters become int64 tensors.
+_LARGEST_COUNT = torch.iinfo(torch.int64).max
+
+
 def _header_int(header: dict, name: str, source: object, minimum: int = 0) -> int:
-    """The whole number `header[name]`, refused unless it is one (not a bool, float or string) and >= `minimum`."""
+    """The whole number `header[name]`, refused unless it is one (not a bool, float or string) from `minimum` to the
+    largest int64."""
     value = header.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= _LARGEST_COUNT:
         raise ValueError(
-            f"{source} has a malformed {name!r} in its header: {value!r}, expected an integer >= {minimum}"
+            f"{source} has a malformed {name!r} in its header: {value!r}, expected an integer from {minimum} to "
+            f"{_LARGEST_COUNT}"
         )
     return value
 
@@ -576,10 +612,10 @@ class RecurrentDecoderState:
         except KeyError as error:
             raise ValueError(f"{source} is not a complete recurrent state: it lacks {error}") from None
         fill = tensors["fill"]
+        # The state's dtype is h_prev's (`dtype`): a cache tensor of another dtype is then named as the odd one.
+        dtype = tensors["h_prev"].dtype if "h_prev" in tensors else keys[0].dtype
         try:
-            state = cls(
-                config, batch, fill.device, keys[0].dtype, window_size=window_size, window_overlap=window_overlap
-            )
+            state = cls(config, batch, fill.device, dtype, window_size=window_size, window_overlap=window_overlap)
         except ValueError as error:
             raise ValueError(f"{source} cannot run with this model: {error}") from None
         slots = tensors["slot_valid"].shape[1] if "slot_valid" in tensors else 0
@@ -603,30 +639,41 @@ class RecurrentDecoderState:
         state.keys, state.values = keys, values
         state.seen_tokens = seen_tokens
         state._check_values(source)
-        lockstep = header.get("lockstep")
-        if lockstep is not None:
-            if not (
-                isinstance(lockstep, list | tuple)
-                and len(lockstep) == 2
-                and all(isinstance(n, int) and not isinstance(n, bool) for n in lockstep)
-            ):
-                raise ValueError(f"{source} has a malformed 'lockstep' in its header: {lockstep!r}")
-            fill, window_index = lockstep
-            if not (bool((state.fill == fill).all()) and bool((state.window_index == window_index).all())):
-                raise ValueError(
-                    f"{source} claims every row at fill {fill} of window {window_index}, which its rows are not"
-                )
-            state._lockstep = (fill, window_index)
-        else:
-            state._lockstep = None
+        state._adopt_lockstep(header.get("lockstep"), source)
         return state
+
+    def _adopt_lockstep(self, lockstep: object, source: object) -> None:
+        """Take a file's `lockstep` ([fill, window_index] every row shares, or None), refused unless the rows are
+        there and, having read every column, have read exactly `seen_tokens` (else generate() would continue from a
+        wrong place)."""
+        if lockstep is None:
+            self._lockstep = None
+            return
+        if not (
+            isinstance(lockstep, list | tuple)
+            and len(lockstep) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in lockstep)
+        ):
+            raise ValueError(f"{source} has a malformed 'lockstep' in its header: {lockstep!r}")
+        fill, window_index = lockstep
+        if not (bool((self.fill == fill).all()) and bool((self.window_index == window_index).all())):
+            raise ValueError(
+                f"{source} claims every row at fill {fill} of window {window_index}, which its rows are not"
+            )
+        read = self._tokens_read()
+        if bool((read != self.seen_tokens).any()):
+            raise ValueError(
+                f"{source} has 'seen_tokens'={self.seen_tokens}, but its rows, in lockstep at fill {fill} of window "
+                f"{window_index}, have read {read.tolist()}"
+            )
+        self._lockstep = (fill, window_index)
 
     def _check_values(self, source: object) -> None:
         """Refuse what no run of the model leaves in a state: non-finite tensors, window counters outside the window
         or inconsistent with the cache and with `seen_tokens`."""
         tensors, _ = self._file_contents()
         _check_finite(tensors, source)
-        size, overlap = self.window_size, self.window_overlap
+        size = self.window_size
         if bool(((self.fill < 0) | (self.fill > size)).any()) or bool((self.window_index < 0).any()):
             raise ValueError(
                 f"{source} has 'fill' {self.fill.tolist()} or 'window_index' {self.window_index.tolist()} outside "
@@ -637,15 +684,20 @@ class RecurrentDecoderState:
                 f"{source} has 'fill' {self.fill.tolist()} but {self.slot_valid.sum(1).tolist()} valid cache slots "
                 "('slot_valid')"
             )
-        # Tokens each row has read at least: its first window, then window_size - window_overlap new ones per window.
-        read = torch.where(
-            self.window_index > 0, size + (self.window_index - 1) * (size - overlap) + self.fill - overlap, self.fill
-        )
+        read = self._tokens_read()
         if bool((read > self.seen_tokens).any()):
             raise ValueError(
                 f"{source} has 'seen_tokens'={self.seen_tokens}, fewer than its rows have read ({read.tolist()}, from "
                 "'window_index' and 'fill')"
             )
+
+    def _tokens_read(self) -> torch.Tensor:
+        """(batch,) the tokens each row has read since its text began: its first window, then window_size -
+        window_overlap new ones per window. `seen_tokens` counts columns, padding included, so it is at least this."""
+        size, overlap = self.window_size, self.window_overlap
+        return torch.where(
+            self.window_index > 0, size + (self.window_index - 1) * (size - overlap) + self.fill - overlap, self.fill
+        )
 
     def __repr__(self) -> str:
         return (

@@ -3,17 +3,12 @@
 Context"), written from the paper: segment-level recurrence with stop-gradient memories, relative sinusoidal
 positions with the u/v biases and the linear-cost relative shift. Plain softmax output tied to the input embeddings."""
 
-import json
 import math
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, make_dataclass
-from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
@@ -21,14 +16,22 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput, logging
 
 from .configuration_transformer_xl import TransformerXLConfig
+from .state_transformer_xl import STATE_NAME, TransformerXLState, _last_slots, _Memory
 
 
 logger = logging.get_logger(__name__)
 
-# transformers 5.24 renamed `past_key_values` to `cache`: the forward argument, the output field and what generate()
-# passes back (its ModelOutput answers the old name through a property). The state travels under the installed
-# version's name, and forward accepts both.
-STATE_NAME = "cache" if isinstance(getattr(ModelOutput, "past_key_values", None), property) else "past_key_values"
+
+# Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._refuse_logits_to_keep_with_labels
+def _refuse_logits_to_keep_with_labels(
+    logits_to_keep: int | torch.Tensor, labels: torch.Tensor | None, shift_labels: torch.Tensor | None
+) -> None:
+    """The loss needs every position's logits, so some of them only cannot be asked for with targets."""
+    keeps_some = not isinstance(logits_to_keep, int) or logits_to_keep != 0
+    if keeps_some and (labels is not None or shift_labels is not None):
+        raise ValueError(
+            f"logits_to_keep={logits_to_keep} cannot be combined with labels: the loss needs every position"
+        )
 
 
 # Copied from hf_recurrence.models.recurrent_decoder.modeling_recurrent_decoder._given_state
@@ -372,152 +375,6 @@ class TransformerXLLayer(GradientCheckpointingLayer):
         return self.ff(output), keys, values, probs, position_keys
 
 
-# Bumped whenever the tensors or the header of a saved state change meaning; a reader refuses other versions.
-STATE_FILE_FORMAT_VERSION = 1
-# The safetensors metadata key whose JSON value describes a saved state.
-_STATE_HEADER_KEY = "hf_recurrence_state"
-
-
-# Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder._write_state_file
-def _write_state_file(
-    path: str | os.PathLike, tensors: dict[str, torch.Tensor], header: dict, overwrite: bool
-) -> None:
-    """Write `tensors` and the JSON `header` to a safetensors file, readable by its owner only (it holds what the
-    model read). The file is written under a temporary name beside `path` and put in place in one step, so a failed
-    write never leaves half a state or a temporary file behind. Without `overwrite` the final name is created
-    exclusively (a hard link fails if the name exists), so of two writers of one path only one succeeds."""
-    path = Path(path)
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
-    header = {**header, "format_version": STATE_FILE_FORMAT_VERSION}
-    # safetensors refuses tensors that share memory (a fresh state repeats one empty cache tensor per layer).
-    owned = {name: t.detach().contiguous().clone() for name, t in tensors.items()}
-    descriptor, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    os.close(descriptor)
-    try:
-        save_file(owned, partial, metadata={_STATE_HEADER_KEY: json.dumps(header, sort_keys=True)})
-        if overwrite:
-            os.replace(partial, path)
-        else:
-            try:
-                os.link(partial, path)
-            except FileExistsError:
-                raise FileExistsError(
-                    f"{path} was created by another writer meanwhile; pass overwrite=True to replace it"
-                ) from None
-    finally:
-        Path(partial).unlink(missing_ok=True)
-
-
-# Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder._read_state_file
-def _read_state_file(
-    path: str | os.PathLike, family: str, device: torch.device | str | None
-) -> tuple[dict[str, torch.Tensor], dict]:
-    """The tensors (on `device`) and the header of a state file written by `_write_state_file` for `family`."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"No state file at {path}")
-    try:
-        with safe_open(str(path), framework="pt", device="cpu" if device is None else str(device)) as file:
-            raw = (file.metadata() or {}).get(_STATE_HEADER_KEY)
-            if raw is None:
-                # Refused before reading any tensor: a weights file may be large.
-                raise ValueError(
-                    f"{path} is not a saved recurrent state: its safetensors header has no {_STATE_HEADER_KEY!r}"
-                )
-            tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 (no __iter__)
-    except SafetensorError as error:
-        raise ValueError(f"{path} is not a safetensors file: {error}") from None
-    try:
-        header = json.loads(raw)
-    except (ValueError, RecursionError) as error:
-        raise ValueError(f"{path} has a malformed state header ({_STATE_HEADER_KEY!r}): {error}") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{path} has a malformed state header: a JSON {type(header).__name__}, not an object")
-    if header.get("family") != family:
-        raise ValueError(
-            f"{path} holds a state of the {header.get('family')!r} family; this model family is {family!r}"
-        )
-    if header.get("format_version") != STATE_FILE_FORMAT_VERSION:
-        raise ValueError(
-            f"{path} was written in state file format version {header.get('format_version')!r}; this version of "
-            f"hf_recurrence reads version {STATE_FILE_FORMAT_VERSION} only"
-        )
-    return tensors, header
-
-
-# Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder._header_int
-def _header_int(header: dict, name: str, source: object, minimum: int = 0) -> int:
-    """The whole number `header[name]`, refused unless it is one (not a bool, float or string) and >= `minimum`."""
-    value = header.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"{source} has a malformed {name!r} in its header: {value!r}, expected an integer >= {minimum}"
-        )
-    return value
-
-
-# Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder._check_finite
-def _check_finite(tensors: dict[str, torch.Tensor], source: object) -> None:
-    """Refuse NaN or infinite values, which no run of the model leaves in a state and which would reach the logits."""
-    for name, tensor in tensors.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise ValueError(f"{source} has non-finite values (NaN or inf) in {name!r}")
-
-
-# Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder._check_state_model_shape
-def _check_state_model_shape(found: dict, expected: dict, source: object) -> None:
-    """Refuse a state of another model shape (backbone, layers, heads, sizes), batch size or dtype than `expected`,
-    naming every difference in one error."""
-    found = found if isinstance(found, dict) else {}
-    differences = [
-        f"{key}={found.get(key)!r} ({'the input' if key == 'batch_size' else 'this model'}: {value!r})"
-        for key, value in expected.items()
-        if found.get(key) != value
-    ]
-    if differences:
-        cast = "dtype" in expected and found.get("dtype") != expected["dtype"]
-        raise ValueError(
-            f"{source} does not fit this model: "
-            + ", ".join(differences)
-            + ("; cast the state with state.to(dtype=...) or load the model in the state's dtype" if cast else "")
-        )
-
-
-@dataclass
-class _Memory:
-    """Per-layer memory of some batch rows: hidden states entering each layer and their keys/values."""
-
-    mems: list[torch.Tensor]  # n_layer x (rows, slots, d_model)
-    keys: list[torch.Tensor]  # n_layer x (rows, head, slots, d_head)
-    values: list[torch.Tensor]
-    valid: torch.Tensor  # (rows, slots) bool; the valid slots are always a suffix
-
-    def select(self, rows: torch.Tensor) -> "_Memory":
-        return self.map(lambda t: t.index_select(0, rows.to(t.device)))
-
-    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "_Memory":
-        return _Memory(
-            [fn(m) for m in self.mems], [fn(k) for k in self.keys], [fn(v) for v in self.values], fn(self.valid)
-        )
-
-    def slots(self) -> int:
-        return self.valid.shape[1]
-
-    def keep_last(self, keep: int) -> "_Memory":
-        """The last `keep` slots of every tensor."""
-        return self.map(lambda t: _last_slots(t, keep, _slot_dim(t)))
-
-    def forget(self, rows: torch.Tensor) -> "_Memory":
-        """The same memory with no valid slot in the `rows` ((rows,) bool), which then read as if from a new state."""
-        return _Memory(self.mems, self.keys, self.values, self.valid & ~rows[:, None].to(self.valid.device))
-
-
-def _slot_dim(tensor: torch.Tensor) -> int:
-    """Slots are dim 2 of (batch, head, slots, d_head) keys/values, dim 1 of memories and validity masks."""
-    return 2 if tensor.dim() == 4 else 1
-
-
 def _place(full: torch.Tensor, rows: torch.Tensor | None, cols: torch.Tensor | None, values: torch.Tensor):
     """`values` (rows, count, ...) written at the given rows and columns of `full` (batch, length, ...); all of it
     when `rows` is None."""
@@ -568,298 +425,6 @@ class _SegmentsOutput:
     heads: list[torch.Tensor]  # what the segment head returned for every segment
     hidden_states: tuple[torch.Tensor, ...] | None  # n_layer + 1 x (batch, length, d_model)
     attentions: tuple[torch.Tensor, ...] | None  # n_layer x (batch, head, length, mem_len + segment_length)
-
-
-def _last_slots(tensor: torch.Tensor, keep: int, dim: int) -> torch.Tensor:
-    """The last `keep` slots along `dim` (works for keep == 0, unlike a negative slice)."""
-    return tensor.narrow(dim, tensor.shape[dim] - keep, keep)
-
-
-def _left_pad_slots(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    """Pad with zeros (False) in front along `dim` up to `width` slots."""
-    missing = width - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
-
-
-class TransformerXLState:
-    """The memories Transformer-XL carries from one call to the next, passed as `past_key_values`.
-
-    For every layer `i`:
-
-    - `mems[i]`: `(batch, slots, d_model)` the hidden states that entered layer `i` at the last `slots <= mem_len`
-      positions, without autograd history (the paper's stop-gradient memory);
-    - `keys[i]`, `values[i]`: `(batch, n_head, slots, d_head)` their attention keys and values, reused instead of
-      recomputed when gradients are off (evaluation and `generate()`); with gradients on they are recomputed from
-      `mems` so that the projections are trained through the memory, as in the paper;
-
-    plus `mem_valid`: `(batch, slots)` bool, False for slots that hold no token (a row that has read fewer tokens
-    than the others, or padding). Memory never grows past `mem_len` slots, whatever the length read.
-
-    The cached keys/values and position keys belong to the weights they were computed with: after changing the
-    weights, start from a new state.
-
-    The state holds the text it read: `mems[0]` are the scaled token embeddings of the last `slots` tokens, so a
-    nearest-neighbour search against the embedding table recovers them verbatim. Treat a state (and a file written by
-    `save()`) as you would the text itself.
-
-    A state is not thread-safe: every call replaces its memory, so two threads must not run the model on one state at
-    once (a model is thread-safe in eval mode; give each thread its own state).
-
-    Example:
-
-    ```python
-    >>> import torch
-    >>> from hf_recurrence import TransformerXLConfig, TransformerXLLMHeadModel
-
-    >>> model = TransformerXLLMHeadModel(TransformerXLConfig(vocab_size=100, d_model=32, n_head=2, d_head=16,
-    ...     d_inner=64, n_layer=2, segment_length=8, mem_len=6)).eval()
-    >>> ids = torch.randint(0, 100, (1, 24))
-    >>> out = model(ids[:, :16])
-    >>> out = model(ids[:, 16:], past_key_values=out.past_key_values)
-    >>> out.past_key_values.get_seq_length(), out.past_key_values.mems[0].shape
-    (24, torch.Size([1, 6, 32]))
-
-    ```
-    """
-
-    # generate() asks every cache whether it can be compiled.
-    is_compileable = False
-    # transformers >= 5.24's generate() slices a prompt by get_seq_length() only for a cache with some layer that is
-    # not linear attention (a linear layer has no length); the state has a length.
-    is_linear = (False,)
-    # The model_type this state belongs to: what a saved state's header names, and how copies of this class (the
-    # installed one and one loaded as Hub remote code) recognise each other's states.
-    _family = "transformer_xl"
-
-    def __init__(
-        self,
-        config: TransformerXLConfig,
-        batch_size: int,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.float32,
-    ):
-        empty_mem = torch.zeros(batch_size, 0, config.d_model, device=device, dtype=dtype)
-        empty_kv = torch.zeros(batch_size, config.n_head, 0, config.d_head, device=device, dtype=dtype)
-        self.memory = _Memory(
-            [empty_mem] * config.n_layer,
-            [empty_kv] * config.n_layer,
-            [empty_kv] * config.n_layer,
-            torch.zeros(batch_size, 0, dtype=torch.bool, device=device),
-        )
-        self.seen_tokens = 0
-        # Position keys of every layer for distances ..., 1, 0: (head, distances, d_head) each; kept only when
-        # computed without gradients, since they depend on the weights alone.
-        self.position_keys: list[torch.Tensor] | None = None
-
-    @property
-    def mems(self) -> list[torch.Tensor]:
-        return self.memory.mems
-
-    @property
-    def keys(self) -> list[torch.Tensor]:
-        return self.memory.keys
-
-    @property
-    def values(self) -> list[torch.Tensor]:
-        return self.memory.values
-
-    @property
-    def mem_valid(self) -> torch.Tensor:
-        return self.memory.valid
-
-    @property
-    def batch_size(self) -> int:
-        return self.memory.valid.shape[0]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype of the model this state runs with (that of its memories)."""
-        return self.mems[0].dtype
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Number of input positions (padding included) consumed so far; what `generate` slices new tokens by."""
-        return self.seen_tokens
-
-    def detach(self) -> "TransformerXLState":
-        """Cut every autograd history (memories already have none; the cached projections may). Returns `self`."""
-        self.memory = self.memory.map(torch.Tensor.detach)
-        self.position_keys = None
-        return self
-
-    def reset(self) -> "TransformerXLState":
-        """Forget everything: the next token starts without memory. Returns `self`."""
-        self.memory = self.memory.keep_last(0)
-        self.seen_tokens = 0
-        self.position_keys = None
-        return self
-
-    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "TransformerXLState":
-        """Move to `device`; floating tensors are cast to `dtype`. Returns `self`."""
-        self.memory = self.memory.map(lambda t: t.to(device=device, dtype=dtype if t.is_floating_point() else None))
-        self.position_keys = None
-        return self
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Select batch rows (beam search): row `i` becomes old row `beam_idx[i]`."""
-        self.memory = self.memory.select(beam_idx)
-
-    def update_rows(self, rows: torch.Tensor | None, memory: _Memory) -> None:
-        """Store the new memory of `rows` (None: every row), then drop slots that no row uses."""
-        if rows is None:
-            self.memory = memory
-            return
-        width = max(self.memory.slots(), memory.slots())
-
-        def merge(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-            merged = _left_pad_slots(old, width, _slot_dim(old)).clone()
-            merged[rows.to(old.device)] = _left_pad_slots(new, width, _slot_dim(new))
-            return merged
-
-        self.memory = _Memory(
-            [merge(o, n) for o, n in zip(self.memory.mems, memory.mems, strict=True)],
-            [merge(o, n) for o, n in zip(self.memory.keys, memory.keys, strict=True)],
-            [merge(o, n) for o, n in zip(self.memory.values, memory.values, strict=True)],
-            merge(self.memory.valid, memory.valid),
-        )
-        used = int(self.memory.valid.sum(1).max())
-        if used < width:
-            self.memory = self.memory.keep_last(used)
-
-    @staticmethod
-    def _config_model_shape(config: TransformerXLConfig) -> dict[str, int]:
-        """The sizes of a model that a state belongs to, as a saved state records them."""
-        return {"layers": config.n_layer, "heads": config.n_head, "head_dim": config.d_head, "d_model": config.d_model}
-
-    # Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder.RecurrentDecoderState.save
-    def save(self, path: str | os.PathLike, overwrite: bool = False) -> None:
-        """Write the state to a safetensors file (its tensors plus a JSON header: family, format version, model shape,
-        the state's settings), to continue the text later, elsewhere, or with the model loaded as remote code.
-        Autograd history is not saved. Refuses to replace an existing file unless `overwrite=True`."""
-        tensors, header = self._file_contents()
-        _write_state_file(path, tensors, header, overwrite)
-
-    # Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder.RecurrentDecoderState.load with RecurrentDecoderConfig->TransformerXLConfig, RecurrentDecoderState->TransformerXLState
-    @classmethod
-    def load(
-        cls, path: str | os.PathLike, config: TransformerXLConfig, device: torch.device | str | None = None
-    ) -> "TransformerXLState":
-        """Read a state written by `save()` for a model with `config`, onto `device` (default: CPU).
-
-        Refuses, naming the difference, a file of another model family, of another backbone or model shape, of
-        another state file format version, or with settings this config cannot run. The state is only meaningful
-        with the weights that produced it; that is not checked.
-        """
-        tensors, header = _read_state_file(path, cls._family, device)
-        _check_state_model_shape(header.get("model_shape"), cls._config_model_shape(config), path)
-        return cls._from_file_contents(config, tensors, header, path)
-
-    def _file_contents(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """Every tensor by name and the header that lets `_from_file_contents` rebuild the state (the position keys
-        are not saved: they depend on the weights alone and are recomputed)."""
-        tensors = {"mem_valid": self.mem_valid}
-        for i, (mem, key, value) in enumerate(zip(self.mems, self.keys, self.values, strict=True)):
-            tensors[f"mems.{i}"], tensors[f"keys.{i}"], tensors[f"values.{i}"] = mem, key, value
-        header = {
-            "family": self._family,
-            "seen_tokens": self.seen_tokens,
-            "model_shape": self._model_shape(),
-        }
-        return tensors, header
-
-    def _model_shape(self) -> dict[str, int]:
-        key = self.keys[0]  # (batch, head, slots, d_head)
-        return {
-            "layers": len(self.keys),
-            "heads": key.shape[1],
-            "head_dim": key.shape[3],
-            "d_model": self.mems[0].shape[2],
-        }
-
-    @classmethod
-    def _from_file_contents(
-        cls, config: TransformerXLConfig, tensors: dict[str, torch.Tensor], header: dict, source: object
-    ) -> "TransformerXLState":
-        """The state that `_file_contents` described, checked tensor by tensor."""
-        seen_tokens = _header_int(header, "seen_tokens", source)
-        try:
-            valid = tensors["mem_valid"]
-            parts = [[tensors[f"{name}.{i}"] for i in range(config.n_layer)] for name in ("mems", "keys", "values")]
-        except KeyError as error:
-            raise ValueError(f"{source} is not a complete Transformer-XL state: it lacks {error}") from None
-        batch, slots = valid.shape
-        expected = {
-            "mems": (batch, slots, config.d_model),
-            "keys": (batch, config.n_head, slots, config.d_head),
-            "values": (batch, config.n_head, slots, config.d_head),
-        }
-        for (name, shape), tensors_of_layers in zip(expected.items(), parts, strict=True):
-            if valid.dtype != torch.bool or any(t.shape != shape for t in tensors_of_layers):
-                raise ValueError(
-                    f"{source} has {name} of shapes {[tuple(t.shape) for t in tensors_of_layers]} and mem_valid "
-                    f"{tuple(valid.shape)} {valid.dtype}; expected {shape} and torch.bool"
-                )
-        state = cls(config, batch, valid.device, parts[0][0].dtype)
-        if any(t.dtype != parts[0][0].dtype for part in parts for t in part):
-            raise ValueError(f"{source} mixes dtypes: {sorted({str(t.dtype) for part in parts for t in part})}")
-        state.memory = _Memory(*parts, valid)
-        state.seen_tokens = seen_tokens
-        state._check_values(source)
-        return state
-
-    def _check_values(self, source: object) -> None:
-        """Refuse what no run of the model leaves in a state: non-finite tensors, more valid memory slots in a row than
-        `seen_tokens`."""
-        tensors, _ = self._file_contents()
-        _check_finite(tensors, source)
-        valid = self.mem_valid.sum(1)
-        if bool((valid > self.seen_tokens).any()):
-            raise ValueError(
-                f"{source} has 'seen_tokens'={self.seen_tokens}, fewer than its rows' valid memory slots "
-                f"({valid.tolist()}, 'mem_valid')"
-            )
-
-    # Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder.RecurrentDecoderState.adopt with RecurrentDecoderConfig->TransformerXLConfig, RecurrentDecoderState->TransformerXLState
-    @classmethod
-    def adopt(
-        cls, state: object, config: TransformerXLConfig, batch_size: int, dtype: torch.dtype
-    ) -> "TransformerXLState":
-        """`state` as an instance of this class, checked to fit a model with `config` reading `batch_size` rows in
-        `dtype` (every difference in one error): itself, or a state of the same family built by another copy of this
-        class (the installed package's vs the one loaded as Hub remote code), rebuilt from its tensors (not copied)
-        and checked as a file is."""
-        if not isinstance(state, cls):
-            state = cls._adopt_other_copy(state, config)
-        found = {**state._model_shape(), "batch_size": state.batch_size, "dtype": state.dtype}
-        expected = {**cls._config_model_shape(config), "batch_size": batch_size, "dtype": dtype}
-        _check_state_model_shape(found, expected, STATE_NAME)
-        return state
-
-    # Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder.RecurrentDecoderState._adopt_other_copy with RecurrentDecoderConfig->TransformerXLConfig, RecurrentDecoderState->TransformerXLState
-    @classmethod
-    def _adopt_other_copy(cls, state: object, config: TransformerXLConfig) -> "TransformerXLState":
-        if type(state).__name__ != cls.__name__ or getattr(state, "_family", None) != cls._family:
-            # PEFT prefix tuning is the usual source of a transformers Cache here: it pre-fills one with its
-            # virtual tokens, which a state bounded by one window has no place for.
-            raise TypeError(
-                f"{STATE_NAME} must be a {cls.__name__} returned by this model (or saved by one and read with "
-                f"{cls.__name__}.load), got {type(state).__name__}. A transformers Cache cannot carry this model's "
-                "recurrent state, so PEFT prefix tuning (which passes one holding its virtual tokens) is not "
-                "supported; LoRA and prompt tuning are"
-            )
-        tensors, header = state._file_contents()
-        source = f"the {type(state).__module__} state"
-        _check_state_model_shape(header.get("model_shape"), cls._config_model_shape(config), source)
-        return cls._from_file_contents(config, tensors, header, source)
-
-    def __repr__(self) -> str:
-        return (
-            f"{self.__class__.__name__}(batch_size={self.batch_size}, seen_tokens={self.seen_tokens}, "
-            f"memory_slots={self.memory.slots()}, valid_slots={self.mem_valid.sum(1).tolist()})"
-        )
 
 
 TransformerXLModelOutput = _model_output_class(
@@ -1108,23 +673,17 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
             group_embeds = embeds if rows is None else embeds[rows[:, None], cols]
             group_labels = shift_labels if rows is None or shift_labels is None else shift_labels[rows[:, None], cols]
             memory = initial if rows is None else initial.select(rows).forget(runs.fresh)
-            hidden, states, attentions = [], [], []
-            for start in range(0, group_embeds.shape[1], segment_length):
-                stop = start + segment_length
-                segment_hidden, memory, segment_states, segment_attentions = self._segment(
-                    group_embeds[:, start:stop],
-                    memory,
-                    encodings,
-                    position_keys,
-                    output_hidden_states,
-                    output_attentions,
-                )
-                if segment_head is not None:
-                    heads.append(segment_head(segment_hidden, group_labels[:, start:stop].contiguous()))
-                else:
-                    hidden.append(segment_hidden)
-                states.append(segment_states)
-                attentions.append(segment_attentions)
+            memory, hidden, states, attentions = self._read_run_group(
+                group_embeds,
+                group_labels,
+                memory,
+                encodings,
+                position_keys,
+                segment_head,
+                heads,
+                output_hidden_states,
+                output_attentions,
+            )
             if rows is None:
                 state.update_rows(None, memory)
             else:
@@ -1151,6 +710,36 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
             tuple(all_states) if output_hidden_states else None,
             tuple(a.transpose(1, 2) for a in all_attentions) if output_attentions else None,
         )
+
+    def _read_run_group(
+        self,
+        embeds: torch.Tensor,
+        shift_labels: torch.Tensor | None,
+        memory: _Memory,
+        encodings: torch.Tensor | None,
+        position_keys: list[torch.Tensor | None],
+        segment_head: Callable | None,
+        heads: list[torch.Tensor],
+        output_hidden_states: bool,
+        output_attentions: bool,
+    ) -> tuple[_Memory, list[torch.Tensor], list, list]:
+        """Read one group of runs ((runs, count, d_model) scaled embeddings) segment by segment from `memory`. Returns
+        the memory after the last segment and, per segment, its output (none when `segment_head` is given: what it
+        returns is appended to `heads` instead), its hidden states and its attentions (see `_segment`)."""
+        hidden, states, attentions = [], [], []
+        segment_length = self.config.segment_length
+        for start in range(0, embeds.shape[1], segment_length):
+            stop = start + segment_length
+            segment_hidden, memory, segment_states, segment_attentions = self._segment(
+                embeds[:, start:stop], memory, encodings, position_keys, output_hidden_states, output_attentions
+            )
+            if segment_head is not None:
+                heads.append(segment_head(segment_hidden, shift_labels[:, start:stop].contiguous()))
+            else:
+                hidden.append(segment_hidden)
+            states.append(segment_states)
+            attentions.append(segment_attentions)
+        return memory, hidden, states, attentions
 
     def _prepare(
         self,
@@ -1360,6 +949,44 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
             logits, None, self.config.vocab_size, shift_labels=shift_labels, num_items_in_batch=num_items
         )
 
+    def _logits_and_loss(
+        self,
+        inputs_embeds: torch.Tensor,
+        real: torch.Tensor,
+        document_starts: torch.Tensor | None,
+        state: TransformerXLState,
+        shift_labels: torch.Tensor | None,
+        return_logits: bool | None,
+        logits_to_keep: int | torch.Tensor,
+        num_items: torch.Tensor | int | None,
+        outputs: tuple[bool, bool],
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, _SegmentsOutput]:
+        """Read the input's segments; return the logits kept (None when `return_logits` says so, as `forward`
+        documents), the loss (None without targets) and the segments' output. Without logits the loss is taken
+        segment by segment, so the `(tokens, vocab)` logits are never held. `num_items`: Trainer's item count, else
+        the targets' own; `outputs`: whether to return hidden states and attentions."""
+        # Training needs only the loss, so it skips the (tokens, vocab) logits; evaluation (Trainer's prediction_step
+        # calls the model with labels in eval mode) gets them, as from a stock causal LM, for compute_metrics.
+        keep_logits = (shift_labels is None or not self.training) if return_logits is None else return_logits
+        if shift_labels is not None and num_items is None:
+            num_items = (shift_labels != -100).sum()
+
+        def segment_loss(hidden: torch.Tensor, segment_labels: torch.Tensor) -> torch.Tensor:
+            return self._loss(self.lm_head(hidden), segment_labels, num_items)  # (rows, q, vocab) logits, then freed
+
+        if shift_labels is not None and not keep_logits:
+            segments = self.transformer._forward_segments(
+                inputs_embeds, real, document_starts, state, shift_labels, segment_loss, *outputs
+            )
+            return None, torch.stack(segments.heads).sum(), segments
+        segments = self.transformer._forward_segments(
+            inputs_embeds, real, document_starts, state, None, None, *outputs
+        )
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(segments.hidden[:, kept]) if keep_logits else None
+        loss = self._loss(logits, shift_labels, num_items) if shift_labels is not None else None
+        return logits, loss, segments
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -1398,11 +1025,7 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
                 Targets already aligned with the positions that predict them (Trainer passes them under context
                 parallelism and sequence packing); used as given instead of shifting `labels`.
         """
-        keeps_some = not isinstance(logits_to_keep, int) or logits_to_keep != 0
-        if keeps_some and (labels is not None or kwargs.get("shift_labels") is not None):
-            raise ValueError(
-                f"logits_to_keep={logits_to_keep} cannot be combined with labels: the loss needs every position"
-            )
+        _refuse_logits_to_keep_with_labels(logits_to_keep, labels, kwargs.get("shift_labels"))
         inputs_embeds, real, document_starts, state = self.transformer._prepare(
             input_ids, attention_mask, _given_state(past_key_values, cache), inputs_embeds, kwargs
         )
@@ -1410,31 +1033,17 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
             output_hidden_states, output_attentions
         )
         shift_labels = self._targets(labels, kwargs.get("shift_labels"), real, kwargs.get("position_ids"))
-        # Training needs only the loss, so it skips the (tokens, vocab) logits; evaluation (Trainer's prediction_step
-        # calls the model with labels in eval mode) gets them, as from a stock causal LM, for compute_metrics.
-        keep_logits = (shift_labels is None or not self.training) if return_logits is None else return_logits
-        num_items = None
-        if shift_labels is not None:
-            num_items = kwargs.get("num_items_in_batch")
-            if num_items is None:
-                num_items = (shift_labels != -100).sum()
-
-        def segment_loss(hidden: torch.Tensor, segment_labels: torch.Tensor) -> torch.Tensor:
-            return self._loss(self.lm_head(hidden), segment_labels, num_items)  # (rows, q, vocab) logits, then freed
-
-        outputs = (output_hidden_states, output_attentions)
-        if shift_labels is not None and not keep_logits:
-            segments = self.transformer._forward_segments(
-                inputs_embeds, real, document_starts, state, shift_labels, segment_loss, *outputs
-            )
-            logits, loss = None, torch.stack(segments.heads).sum()
-        else:
-            segments = self.transformer._forward_segments(
-                inputs_embeds, real, document_starts, state, None, None, *outputs
-            )
-            kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-            logits = self.lm_head(segments.hidden[:, kept]) if keep_logits else None
-            loss = self._loss(logits, shift_labels, num_items) if shift_labels is not None else None
+        logits, loss, segments = self._logits_and_loss(
+            inputs_embeds,
+            real,
+            document_starts,
+            state,
+            shift_labels,
+            return_logits,
+            logits_to_keep,
+            kwargs.get("num_items_in_batch"),
+            (output_hidden_states, output_attentions),
+        )
         output = TransformerXLCausalLMOutput(
             loss=loss,
             logits=logits,
