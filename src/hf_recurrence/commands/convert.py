@@ -40,6 +40,7 @@ from ..weights.gguf import (
     require_whole_gguf,
 )
 from .evaluate import check_finite_weights
+from .options import add_overwrite_argument
 
 
 # What a source with NaN or inf weights (a damaged download; a damaged GGUF de-quantises to them) is told.
@@ -128,11 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "checkpoint's).",
     )
     parser.add_argument("--revision", default=None, help="Hub revision of the source checkpoint.")
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="Replace what an earlier run of this command wrote in output_dir (a folder holding anything else is refused).",
-    )
+    add_overwrite_argument(parser)
 
 
 def _gguf_path(args: argparse.Namespace) -> Path | None:

@@ -26,6 +26,7 @@ from ..data import stdlib_split
 from ..evaluation import RECURRENT_MODEL_TYPES, plot_perplexity_vs_flops, windowed_perplexity, write_report
 from ..evaluation.perplexity import SEGMENT_MODEL_TYPES, resolve_schedule
 from ..outputs import REPORT_FILES, UsageError, finish_output_dir, prepare_output_dir
+from .options import add_overwrite_argument
 
 
 # --corpus choice -> split of the standard library documents (hf_recurrence.data.stdlib_split)
@@ -51,11 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", default=None, help="Tokenizer folder (default: the first model's folder).")
     parser.add_argument("--batch_size", type=int, default=8, help="Windows per forward for stock models.")
     parser.add_argument("--output_dir", type=Path, required=True, help="Where results and the plot are written.")
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="Replace what an earlier run of this command wrote in output_dir (a folder holding anything else is refused).",
-    )
+    add_overwrite_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,12 +1,23 @@
-"""Command-line options from settings dataclasses, parsed by transformers' `HfArgumentParser` as `examples/` are.
+"""Command-line options shared by the commands, and options from settings dataclasses, parsed by transformers'
+`HfArgumentParser` as `examples/` are.
 
 A settings dataclass documents each field once, in `field(metadata={"help": ...})`; the command line, the presets and
 the docstrings all read it from there.
 """
 
+import argparse
 import dataclasses
 import typing
 from collections.abc import Sequence
+
+
+def add_overwrite_argument(parser: argparse.ArgumentParser) -> None:
+    """`--overwrite`, as every command writing to `--output_dir` has it (see `outputs.prepare_output_dir`)."""
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="Replace what an earlier run of this command wrote in output_dir (a folder holding anything else is refused).",
+    )
 
 
 def preset_options(

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ..experiments.pretraining import PretrainingSettings, pretrain
-from .options import given_options, preset_options
+from .options import add_overwrite_argument, given_options, preset_options
 
 
 # The options HfArgumentParser adds: one per PretrainingSettings field, its help from the field's metadata.
@@ -20,11 +20,7 @@ OPTION_CLASSES = (preset_options(PretrainingSettings),)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output_dir", type=Path, required=True, help="Where the model and tokenizer are saved.")
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="Replace what an earlier run of this command wrote in output_dir (a folder holding anything else is refused).",
-    )
+    add_overwrite_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:

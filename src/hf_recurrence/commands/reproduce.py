@@ -26,7 +26,7 @@ from typing import Any
 from ..experiments.book_reproduction import BookReproductionSettings, reproduce_on_books
 from ..experiments.reproduction import ReproductionSettings, reproduce
 from ..outputs import UsageError
-from .options import given_options, preset_options
+from .options import add_overwrite_argument, given_options, preset_options
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -97,11 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--preset", choices=sorted({**PRESETS, **BOOK_PRESETS}), default="default", help="Settings to start from."
     )
     parser.add_argument("--output_dir", type=Path, default=Path("outputs/reproduce"), help="Where results go.")
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="Replace what an earlier run of this command wrote in output_dir (a folder holding anything else is refused).",
-    )
+    add_overwrite_argument(parser)
 
 
 def settings_from_args(args: argparse.Namespace) -> ReproductionSettings | BookReproductionSettings:

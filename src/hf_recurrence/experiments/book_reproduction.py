@@ -66,14 +66,14 @@ from ..evaluation.perplexity import RECURRENT_CHUNK_TOKENS
 from ..evaluation.report import plot_nll_by_window_position
 from ..evaluation.statistics import nll_by_window_position, paired_bootstrap, segment_sums
 from ..models import RecurrentDecoderForCausalLM
-from ..outputs import UsageError, finish_output_dir, prepare_output_dir, write_atomically
+from ..outputs import UsageError, prepare_output_dir, write_atomically
 from ..weights import (
     gemma3_270m_gguf_path,
     load_causal_lm_from_gguf,
     recurrent_decoder_from_causal_lm,
     smollm2_gguf_path,
 )
-from .reproduction import findings, overlap_tokens, report_header
+from .reproduction import findings, finish_run, overlap_tokens, report_header
 from .training import RunProgress, fine_tune
 
 
@@ -923,11 +923,7 @@ def finish_book_run(run: BookRun) -> dict:
         {key.split("@")[0]: [math.nan if v is None else v for v in values] for key, values in by_position.items()},
         output_dir / "nll_by_window_position.png",
     )
-    finish_output_dir(output_dir)
-    print("\n" + table + "\n")
-    for line in summary:
-        print(line)
-    print(f"\n{minutes:.1f} minutes; results, tables and plots in {output_dir}")
+    finish_run(output_dir, table, summary, minutes, "results, tables and plots")
     return results
 
 

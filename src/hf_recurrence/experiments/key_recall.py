@@ -36,6 +36,19 @@ from ..data.key_recall import RecallVocab, make_recall_batch, swap_earlier_windo
 from ..models.recurrent_decoder import RecurrentGPT2Config, RecurrentGPT2LMHeadModel
 
 
+# The settings of `run_recall_experiment` that `build_models` takes under their own names.
+MODEL_SETTINGS = (
+    "window_size",
+    "n_layer",
+    "n_embd",
+    "n_head",
+    "insertion_layer",
+    "recurrence_hidden_sizes",
+    "initializer_range",
+    "seed",
+)
+
+
 def build_models(
     *,
     window_size: int,
@@ -185,17 +198,8 @@ def run_recall_experiment(
         "eval_size": eval_size,
     }
     vocab = RecallVocab(num_filler=num_filler, num_keys=num_keys)
-    recurrent, baseline = build_models(
-        window_size=window_size,
-        vocab=vocab,
-        n_layer=n_layer,
-        n_embd=n_embd,
-        n_head=n_head,
-        insertion_layer=insertion_layer,
-        recurrence_hidden_sizes=list(recurrence_hidden_sizes),
-        initializer_range=initializer_range,
-        seed=seed,
-    )
+    # Built from the recorded settings themselves, so that what results.json says is what ran.
+    recurrent, baseline = build_models(vocab=vocab, **{name: settings[name] for name in MODEL_SETTINGS})
     recurrent, baseline = recurrent.to(device, dtype), baseline.to(device, dtype)
     # Held-out evaluation data from a stream the training batches never use.
     eval_generator = torch.Generator().manual_seed(seed + 1_000_003)

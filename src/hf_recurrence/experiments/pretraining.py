@@ -105,14 +105,7 @@ def pretrain(
     scratch = tempfile.TemporaryDirectory(prefix="hf_recurrence_pretrain_")
     trainer = Trainer(
         model=model,
-        args=short_run_arguments(
-            scratch.name,
-            max_steps=settings.max_steps,
-            batch_size=settings.batch_size,
-            learning_rate=settings.learning_rate,
-            warmup_steps=settings.warmup_steps,
-            seed=settings.seed,
-        ),
+        args=short_run_arguments(scratch.name, settings),
         train_dataset=train_blocks,
         eval_dataset=validation_blocks,
     )

@@ -187,11 +187,7 @@ def reproduce(
     summary = ([caveat] if caveat else []) + findings(rows)
     table = write_report(output_dir, rows, summary, finished=True, **report_header(settings, source, start), **header)
     plot_perplexity_vs_flops(rows, output_dir / "perplexity_vs_flops.png")
-    finish_output_dir(output_dir)
-    print("\n" + table + "\n")
-    for line in summary:
-        print(line)
-    print(f"\n{(time.perf_counter() - start) / 60:.1f} minutes; results, table and plot in {output_dir}")
+    finish_run(output_dir, table, summary, (time.perf_counter() - start) / 60, "results, table and plot")
     return rows
 
 
@@ -247,6 +243,16 @@ def train_and_evaluate(
                 tokens=tokens,
             )
         )
+
+
+def finish_run(output_dir: Path, table: str, summary: Sequence[str], minutes: float, written: str) -> None:
+    """Mark a reproduction's `output_dir` finished, then print its report's table, the summary lines and where
+    `written` (what the run wrote) is."""
+    finish_output_dir(output_dir)
+    print("\n" + table + "\n")
+    for line in summary:
+        print(line)
+    print(f"\n{minutes:.1f} minutes; {written} in {output_dir}")
 
 
 def report_header(settings, source: str, start: float) -> dict:

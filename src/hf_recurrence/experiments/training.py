@@ -11,46 +11,39 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 
 
-def short_run_arguments(
-    output_dir: str,
-    *,
-    max_steps: int,
-    batch_size: int,
-    learning_rate: float,
-    warmup_steps: int,
-    seed: int,
-    bf16: bool = False,
-) -> TrainingArguments:
-    """Trainer arguments of the project's own short CPU runs: AdamW, warm-up then cosine decay, no checkpoints;
-    `bf16`: bfloat16 autocast (on CPU too: these CPUs compute it natively), weights and optimizer kept in float32."""
-    return TrainingArguments(
-        bf16=bf16,
-        # transformers refuses bf16 without a GPU unless told the run is on the CPU.
-        use_cpu=not torch.cuda.is_available(),
-        output_dir=output_dir,
-        max_steps=max_steps,
-        per_device_train_batch_size=batch_size,
-        per_device_eval_batch_size=batch_size,
-        learning_rate=learning_rate,
-        lr_scheduler_type="cosine",
-        warmup_steps=warmup_steps,
-        weight_decay=0.01,
-        logging_steps=max(1, max_steps // 10),
-        save_strategy="no",
-        report_to="none",
-        seed=seed,
-        dataloader_pin_memory=False,
-    )
-
-
 class TrainingSchedule(Protocol):
-    """The training fields `fine_tune` reads (of `ReproductionSettings` or `BookReproductionSettings`)."""
+    """The training fields `short_run_arguments` reads (of `PretrainingSettings`, `ReproductionSettings` or
+    `BookReproductionSettings`)."""
 
     max_steps: int
     batch_size: int
     learning_rate: float
     warmup_steps: int
     seed: int
+
+
+def short_run_arguments(output_dir: str, schedule: TrainingSchedule, bf16: bool = False) -> TrainingArguments:
+    """Trainer arguments of the project's own short CPU runs, on `schedule`: AdamW, warm-up then cosine decay, no
+    checkpoints; `bf16`: bfloat16 autocast (on CPU too: these CPUs compute it natively), weights and optimizer kept in
+    float32."""
+    return TrainingArguments(
+        bf16=bf16,
+        # transformers refuses bf16 without a GPU unless told the run is on the CPU.
+        use_cpu=not torch.cuda.is_available(),
+        output_dir=output_dir,
+        max_steps=schedule.max_steps,
+        per_device_train_batch_size=schedule.batch_size,
+        per_device_eval_batch_size=schedule.batch_size,
+        learning_rate=schedule.learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=schedule.warmup_steps,
+        weight_decay=0.01,
+        logging_steps=max(1, schedule.max_steps // 10),
+        save_strategy="no",
+        report_to="none",
+        seed=schedule.seed,
+        dataloader_pin_memory=False,
+    )
 
 
 def fine_tune(
@@ -74,15 +67,7 @@ def fine_tune(
     with tempfile.TemporaryDirectory(prefix="hf_recurrence_reproduce_") as scratch:
         trainer = Trainer(
             model=model,
-            args=short_run_arguments(
-                scratch,
-                max_steps=settings.max_steps,
-                batch_size=settings.batch_size,
-                learning_rate=settings.learning_rate,
-                warmup_steps=settings.warmup_steps,
-                seed=settings.seed,
-                bf16=bf16,
-            ),
+            args=short_run_arguments(scratch, settings, bf16=bf16),
             train_dataset=dataset,
             data_collator=collator,
             optimizers=(optimizer, None),
