@@ -190,7 +190,8 @@ def _documents_nll(
     """The summed NLL of every predicted token of `documents`: a stateful model reads `batch_size` documents side by
     side, each through its own state; a stock model runs `batch_size` windows (of any documents) per forward."""
     if model.config.model_type not in STATEFUL_MODEL_TYPES:
-        return _stock_nll(model, documents, window_size, overlap, batch_size, progress, sinks)
+        windows = [(doc, *window) for doc in documents for window in window_schedule(len(doc), window_size, overlap)]
+        return _stock_nll(model, windows, batch_size, progress, sinks)
     total_nll = 0.0
     # Longest first, so that documents batched together have similar lengths and little padding.
     documents = sorted(documents, key=len, reverse=True)
@@ -355,21 +356,19 @@ def _summed_nll(logits: torch.Tensor, targets: torch.Tensor, sink: torch.Tensor 
 
 def _stock_nll(
     model: PreTrainedModel,
-    documents: list[torch.Tensor],
-    window_size: int,
-    overlap: int,
+    windows: list[tuple[torch.Tensor, int, int, int]],
     batch_size: int,
     progress: tqdm,
-    sinks: dict[int, torch.Tensor] | None = None,
+    sinks: dict[int, torch.Tensor] | None,
 ) -> float:
-    """Summed NLL of documents, each window run from scratch; per-token NLLs into `sinks[id(doc)]` when given.
+    """Summed NLL of the `windows` (document, start, end, first new position), each run from scratch; per-token NLLs
+    into `sinks[id(doc)]` when given.
 
     Windows with the same length and number of new positions, from any document, share a forward instead of being
     padded: the full windows, the documents' first windows, then their shorter last windows. Where the model takes
     `logits_to_keep`, the LM head runs on the new positions only.
     """
     keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
-    windows = [(doc, *window) for doc in documents for window in window_schedule(len(doc), window_size, overlap)]
 
     def shape(window):
         _, start, end, new = window
