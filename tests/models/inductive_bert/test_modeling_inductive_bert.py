@@ -200,6 +200,64 @@ def test_masked_lm_head_is_tied_to_the_word_embeddings():
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
 
 
+def masked_lm_batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    """Three rows of 11 tokens, the last two rows right-padded, with a few labelled positions per row."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 99, (3, 11), generator=generator)
+    attention_mask = torch.ones_like(ids)
+    attention_mask[1, 8:] = attention_mask[2, 5:] = 0
+    labels = torch.full_like(ids, -100)
+    for row, positions in enumerate(([0, 3, 10], [2, 7], [4])):
+        labels[row, positions] = torch.randint(1, 99, (len(positions),), generator=generator)
+    return {"input_ids": ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def test_sparse_prediction_gives_the_full_heads_loss_and_gradients():
+    torch.manual_seed(0)
+    full = IBertForMaskedLM(tiny_inductive_bert_config()).eval()
+    sparse = IBertForMaskedLM(tiny_inductive_bert_config(sparse_prediction=True)).eval()
+    sparse.load_state_dict(full.state_dict())
+    batch = masked_lm_batch()
+    labelled = batch["labels"] != -100
+
+    full_output, sparse_output = full(**batch), sparse(**batch)
+    assert sparse_output.logits.shape == (int(labelled.sum()), 99)
+    torch.testing.assert_close(sparse_output.logits, full_output.logits[labelled])
+    torch.testing.assert_close(sparse_output.loss, full_output.loss)
+    # Trainer passes the batch's label count for gradient accumulation; the sum over it is the same too.
+    count = torch.tensor(17)
+    torch.testing.assert_close(
+        sparse(**batch, num_items_in_batch=count).loss, full(**batch, num_items_in_batch=count).loss
+    )
+
+    full_output.loss.backward()
+    sparse_output.loss.backward()
+    full_gradients = dict(full.named_parameters())
+    for name, parameter in sparse.named_parameters():
+        torch.testing.assert_close(parameter.grad, full_gradients[name].grad, msg=name)
+
+
+def test_sparse_prediction_is_off_by_default_and_needs_labels():
+    torch.manual_seed(0)
+    model = IBertForMaskedLM(tiny_inductive_bert_config()).eval()
+    assert model.config.sparse_prediction is False
+    batch = masked_lm_batch()
+    output = model(**batch)
+    # The default head: logits at every position, and the loss over the labelled ones.
+    assert output.logits.shape == (3, 11, 99)
+    with torch.no_grad():
+        hidden = model.bert(batch["input_ids"], batch["attention_mask"]).last_hidden_state
+        torch.testing.assert_close(output.logits, model.cls(hidden))
+    expected = nn.functional.cross_entropy(output.logits.view(-1, 99), batch["labels"].view(-1))
+    torch.testing.assert_close(output.loss, expected)
+    # Without labels there is nothing to select: sparse_prediction returns every position's logits.
+    sparse = IBertForMaskedLM(tiny_inductive_bert_config(sparse_prediction=True)).eval()
+    sparse.load_state_dict(model.state_dict())
+    unlabelled = sparse(batch["input_ids"], batch["attention_mask"])
+    assert unlabelled.loss is None
+    torch.testing.assert_close(unlabelled.logits, output.logits)
+
+
 def test_activation_checkpointing_gives_the_same_gradients():
     torch.manual_seed(0)
     model = IBertForMaskedLM(tiny_inductive_bert_config(lstm_feed_forward=True))
@@ -251,6 +309,7 @@ def test_config_defaults_and_auto_map():
     config = InductiveBertConfig()
     assert config.model_type == "inductive_bert"
     assert config.use_position_embeddings is False and config.lstm_feed_forward is False
+    assert config.sparse_prediction is False
     assert set(config.auto_map) == {
         "AutoConfig",
         "AutoModel",

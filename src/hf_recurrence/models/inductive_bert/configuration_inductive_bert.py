@@ -40,6 +40,11 @@ class InductiveBertConfig(BertConfig):
         lstm_feed_forward (`bool`, *optional*, defaults to `False`):
             The paper's "I-BERT2" ablation: replace the feed-forward network of every encoder layer by a
             bidirectional LSTM (residual connection and LayerNorm kept), on top of the LSTM after the embeddings.
+        sparse_prediction (`bool`, *optional*, defaults to `False`):
+            A training-cost switch of [`IBertForMaskedLM`] (ModernBERT's field of the same name): when `labels` are
+            given, the masked-LM head runs only at the labelled positions (`labels != -100`), and `logits` holds
+            those positions only, shape `(num_labelled, vocab_size)` in row-major order. The loss is the full head's.
+            Without `labels` the logits cover every position, as with `False`.
 
     Example:
 
@@ -62,6 +67,7 @@ class InductiveBertConfig(BertConfig):
 
     use_position_embeddings: bool = False
     lstm_feed_forward: bool = False
+    sparse_prediction: bool = False
 
     def __post_init__(self, **kwargs):
         kwargs.setdefault("auto_map", dict(AUTO_MAP))

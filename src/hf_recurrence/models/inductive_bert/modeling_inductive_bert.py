@@ -345,11 +345,20 @@ class IBertForMaskedLM(IBertPreTrainedModel):
         r"""
         labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
             Token ids to predict at masked positions; -100 elsewhere (as `DataCollatorForLanguageModeling` makes).
+            With `config.sparse_prediction`, the head runs at these positions only and `logits` is
+            `(num_labelled, vocab_size)`.
         """
         outputs = self.bert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs
         )
-        logits = self.cls(outputs.last_hidden_state)  # (batch, seq, vocab)
+        sequence_output = outputs.last_hidden_state  # (batch, seq, hidden)
+        if self.config.sparse_prediction and labels is not None:
+            # The vocabulary projection dominates a step for a large vocabulary; unlabelled positions add nothing to
+            # the loss, so they skip it.
+            labelled = labels != -100  # (batch, seq)
+            sequence_output = sequence_output[labelled]  # (labelled, hidden)
+            labels = labels[labelled]  # (labelled,)
+        logits = self.cls(sequence_output)  # (batch, seq, vocab), or (labelled, vocab)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
