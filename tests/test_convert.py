@@ -481,6 +481,20 @@ def test_convert_gives_gpt2_the_recurrence_settings_and_refuses_a_rotary_h_prev(
     assert "h_prev_rope_position" in capsys.readouterr().err
 
 
+def test_convert_gives_the_memory_settings_and_refuses_a_bad_one_by_name(gpt2_dir, tmp_path, capsys):
+    argv = ["convert", str(gpt2_dir), str(tmp_path / "out"), "--window_size", "8", "--insertion_layer", "1"]
+    memory = ["--memory_slots", "2", "--memory_pooling", "attention", "--memory_position_bias",
+              "--memory_source", "last_layer", "--memory_read_layers", "0", "1"]  # fmt: skip
+    assert main([*argv, *memory]) == 0
+    model = RecurrentGPT2LMHeadModel.from_pretrained(tmp_path / "out")
+    config = model.config
+    assert (config.memory_slots, config.memory_pooling, config.memory_position_bias) == (2, "attention", True)
+    assert (config.memory_source, config.memory_read_layers) == ("last_layer", [0, 1])
+    assert model.recurrence.memory_queries.shape == (2, config.n_embd)
+    assert main([*argv, "--memory_read_layers", "5", "--overwrite"]) == 2
+    assert "memory_read_layers=[5]" in capsys.readouterr().err
+
+
 def test_convert_names_a_missing_gguf_file(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "absent.gguf"), str(tmp_path / "out")]) == 2
     assert "absent.gguf" in capsys.readouterr().err
