@@ -88,11 +88,13 @@ class RunProgress:
     """What a run of several trainings prints as it goes, so that an hour on a busy machine is never silent: the plan
     up front, each training as it starts ("training recurrent (2/4)"), and, once each training has taken its first
     `ESTIMATE_AFTER_STEPS` steps, its pace and the run's training time left (seconds a step x steps left; measured
-    again in every training, as the machine's load and the arms' cost change). Evaluations are not in the estimate."""
+    again in every training, as the machine's load and the arms' cost change), and again every `every` steps when
+    given (a long training's pace over all its steps so far). Evaluations are not in the estimate."""
 
-    def __init__(self, trainings: Sequence[str], steps_per_training: int):
+    def __init__(self, trainings: Sequence[str], steps_per_training: int, every: int | None = None):
         self.trainings = list(trainings)
         self.steps_per_training = steps_per_training
+        self.every = every
         self.started = 0
 
     def plan(self, evaluations: int) -> str:
@@ -105,26 +107,30 @@ class RunProgress:
         """Say that training `name` starts; returns the callback that reports its pace (give it to `fine_tune`)."""
         self.started += 1
         print(f"training {name} ({self.started}/{len(self.trainings)}): {self.steps_per_training} steps", flush=True)
-        return _Pace(steps_in_later_trainings=(len(self.trainings) - self.started) * self.steps_per_training)
+        return _Pace((len(self.trainings) - self.started) * self.steps_per_training, self.every)
 
 
 class _Pace(TrainerCallback):
-    """Prints one training's seconds a step, and the training time left in the run, after its first steps."""
+    """Prints one training's seconds a step, and the training time left in the run, after its first steps (and every
+    `every` steps when given)."""
 
-    def __init__(self, steps_in_later_trainings: int):
+    def __init__(self, steps_in_later_trainings: int, every: int | None = None):
         self.steps_in_later_trainings = steps_in_later_trainings
+        self.every = every
         self.began = time.perf_counter()
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.began = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step != min(ESTIMATE_AFTER_STEPS, state.max_steps):
+        step = state.global_step
+        periodic = self.every is not None and step % self.every == 0 and step < state.max_steps
+        if step != min(ESTIMATE_AFTER_STEPS, state.max_steps) and not periodic:
             return
-        pace = (time.perf_counter() - self.began) / state.global_step
-        left = pace * (state.max_steps - state.global_step + self.steps_in_later_trainings)
+        pace = (time.perf_counter() - self.began) / step
+        left = pace * (state.max_steps - step + self.steps_in_later_trainings)
         # Through tqdm, which clears and redraws the Trainer's progress bar around the line.
         tqdm.write(
-            f"  {pace:.2f} s a step after {state.global_step} steps: about {duration(left)} of training left in "
+            f"  {pace:.2f} s a step after {step} steps: about {duration(left)} of training left in "
             "this run (evaluations not counted)"
         )

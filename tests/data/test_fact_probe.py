@@ -1,0 +1,113 @@
+"""The planted-name probe's data: `FactProbe` (the scored examples) and `FactProbeCurriculum` (the same task as a
+training set: the plant moved from window 1's end towards its start as training goes on, mixed with LM blocks)."""
+
+import math
+import tempfile
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer
+
+from hf_recurrence.data.fact_probe import PLANT, FactProbe, FactProbeCurriculum
+from hf_recurrence.experiments.training import short_run_arguments
+
+from ..common import TINY_LLAMA, stdlib_tokenizer
+
+
+WINDOW = 40
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return stdlib_tokenizer()
+
+
+def random_stream(seed: int, length: int = 6000) -> list[int]:
+    """Random token ids of the tiny tokenizer's vocabulary (never the special id 0)."""
+    return torch.randint(1, 300, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _planted_at(ids: list[int], planted: list[int]) -> int:
+    """Where `planted` starts in window 1 of `ids` (exactly once)."""
+    starts = [i for i in range(WINDOW - len(planted) + 1) if ids[i : i + len(planted)] == planted]
+    assert len(starts) == 1
+    return starts[0]
+
+
+def test_the_curriculum_plants_next_to_the_boundary_first_and_anywhere_in_window_one_last(tokenizer):
+    reaches = (0.125, 0.25, 0.5, 1.0)
+    data = FactProbeCurriculum(random_stream(0), tokenizer, WINDOW, num_examples=400, reaches=reaches, seed=3)
+    ask, period = data.planter.ask, data.planter.period
+    bounds, seen = [], [[] for _ in reaches]
+    for i in range(len(data)):
+        stage = i * len(reaches) // len(data)  # equal shares, in order
+        assert data.reach(i) == reaches[stage]
+        example = data.draw(i)
+        name_ids = data.planter.name_ids(example["name"])
+        first_text, _ = data.planter.text_tokens(name_ids)
+        bound = math.ceil(reaches[stage] * first_text)
+        assert 0 <= example["distance"] <= bound
+        # The planted sentence really ends `distance` text tokens before window 1 ends.
+        planted = ask + name_ids + period
+        ids = example["input_ids"].tolist()
+        assert _planted_at(ids, planted) + len(planted) == WINDOW - example["distance"]
+        seen[stage].append(example["distance"])
+        bounds.append((stage, bound))
+    # The range widens stage by stage, and the last stage reaches the whole of window 1's text.
+    assert [max(distances) for distances in seen] == sorted(max(distances) for distances in seen)
+    assert max(seen[0]) < max(seen[-1])
+    assert max(seen[-1]) > 0.8 * max(bound for stage, bound in bounds if stage == len(reaches) - 1)
+    # Reproducible by seed, in any order of access; another seed draws other examples.
+    again = FactProbeCurriculum(random_stream(0), tokenizer, WINDOW, num_examples=400, reaches=reaches, seed=3)
+    assert torch.equal(again[399]["input_ids"], data[399]["input_ids"])
+    assert [e["input_ids"].tolist() for e in list(again)[:5]] == [data[i]["input_ids"].tolist() for i in range(5)]
+    other = FactProbeCurriculum(random_stream(0), tokenizer, WINDOW, num_examples=400, reaches=reaches, seed=4)
+    assert not torch.equal(other[0]["input_ids"], data[0]["input_ids"])
+    # The Trainer serves the examples in order (it would shuffle a map-style dataset, scrambling the stages).
+    with tempfile.TemporaryDirectory() as scratch:
+        settings = SimpleNamespace(max_steps=2, batch_size=4, learning_rate=1e-3, warmup_steps=0, seed=0)
+        trainer = Trainer(
+            model=LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)), args=short_run_arguments(scratch, settings)
+        )
+        trainer.train_dataset = data
+        served = [batch["input_ids"] for _, batch in zip(range(3), trainer.get_train_dataloader(), strict=False)]
+    assert torch.equal(torch.cat(served), torch.stack([data[i]["input_ids"] for i in range(12)]))
+    # Fresh names: nearly every example has its own.
+    names = [data.draw(i)["name"] for i in range(100)]
+    assert len(set(names)) > 90
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5, 1.0])
+def test_the_probe_fraction_holds_in_every_batch_and_lm_blocks_are_labelled_everywhere(tokenizer, fraction):
+    stream = random_stream(1)
+    data = FactProbeCurriculum(stream, tokenizer, WINDOW, num_examples=64, probe_fraction=fraction)
+    kinds = [data.draw(i)["probe"] for i in range(len(data))]
+    for first in range(0, 64, 8):
+        assert sum(kinds[first : first + 8]) == round(8 * fraction)
+    text = "," + ",".join(map(str, stream)) + ","
+    for i, probe in enumerate(kinds):
+        example = data[i]
+        ids, labels = example["input_ids"], example["labels"]
+        assert ids.shape == labels.shape == (2 * WINDOW,)
+        if probe:
+            name_ids = data.planter.name_ids(data.draw(i)["name"])
+            assert (labels != -100).sum() == len(name_ids) and (
+                labels[-len(name_ids) :] == ids[-len(name_ids) :]
+            ).all()
+        else:  # two windows of the stream, every label on
+            assert torch.equal(labels, ids)
+            assert "," + ",".join(map(str, ids.tolist())) + "," in text
+    with pytest.raises(ValueError, match="probe_fraction must lie in"):
+        FactProbeCurriculum(stream, tokenizer, WINDOW, 8, probe_fraction=1.5)
+    with pytest.raises(ValueError, match="reaches must be increasing"):
+        FactProbeCurriculum(stream, tokenizer, WINDOW, 8, reaches=(0.5, 0.25))
+
+
+def test_fact_probe_records_how_far_before_the_boundary_each_name_was_planted(tokenizer):
+    probe = FactProbe(random_stream(2), tokenizer, WINDOW, num_examples=20, seed=0)
+    ask = tokenizer(PLANT, add_special_tokens=False)["input_ids"]
+    period = tokenizer(".", add_special_tokens=False)["input_ids"]
+    for example, name, distance in zip(probe.examples, probe.names, probe.distances, strict=True):
+        planted = ask + tokenizer(" " + name, add_special_tokens=False)["input_ids"] + period
+        assert _planted_at(example["input_ids"].tolist(), planted) + len(planted) == WINDOW - distance
