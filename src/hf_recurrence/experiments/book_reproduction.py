@@ -73,7 +73,7 @@ from ..weights import (
     recurrent_decoder_from_causal_lm,
     smollm2_gguf_path,
 )
-from .reproduction import findings, finish_run, overlap_tokens, report_header
+from .reproduction import TRAINED_ARMS, findings, finish_run, overlap_tokens, report_header
 from .training import RunProgress, fine_tune
 
 
@@ -86,9 +86,6 @@ BOOK_REPORT_FILES = (
     "split.json",
     "recurrence_*.safetensors",
 )
-
-# The trained arms: name -> `recurrence_input` of their recurrence module.
-TRAINED_ARMS = {"recurrent": "window", "control": "zeros"}
 
 # The reference rows' prompt: this project's own sentence of plain narrative prose, read before every window.
 REFERENCE_PROMPT = (
