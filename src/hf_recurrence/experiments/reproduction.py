@@ -58,7 +58,7 @@ class ReproductionSettings:
         default=4, metadata={"help": "Blocks per optimizer step (the baseline gets the same blocks cut into windows)."}
     )
     max_steps: int = field(
-        default=400,
+        default=270,
         metadata={"help": "Optimizer steps per model (every arm, the control included, takes the same steps)."},
     )
     learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate (linear warm-up, cosine decay)."})
