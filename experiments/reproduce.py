@@ -1,8 +1,10 @@
 """The main job's results in docs/experiments/reproduce.md: `hf-recurrence reproduce` (Yoshida et al. 2020, Tables 1-2, Figure 5).
 
 Runs `hf-recurrence reproduce` with its default preset (or the flags given after `--`), then records its table, the
-paper's two claims checked on the numbers and the wall time (experiments/results/reproduce.json), and with
-`--write-docs` copies the perplexity-vs-FLOPs plot into docs/. `--results-dir DIR` records a finished run instead.
+paper's two claims and the decomposition of the recurrent model's gain (learned constant: control vs baseline;
+carried context: recurrent vs control; with intervals) checked on the numbers, and the wall time
+(experiments/results/reproduce.json), and with `--write-docs` copies the perplexity-vs-FLOPs plot into docs/.
+`--results-dir DIR` records a finished run instead.
 
     python experiments/reproduce.py --write-docs [-- extra reproduce flags]
 """
@@ -12,7 +14,7 @@ from pathlib import Path
 import _common as bench
 
 from hf_recurrence.cli import main as cli_main
-from hf_recurrence.experiments.reproduction import findings
+from hf_recurrence.experiments.reproduction import decomposed_findings, decomposition_cells
 
 
 IMAGE = bench.REPO_ROOT / "docs" / "images" / "reproduce_perplexity_vs_flops.png"
@@ -38,9 +40,13 @@ def main() -> None:
             f"{settings['batch_size']} blocks, {settings['max_steps']} steps per model, learning rate "
             f"{settings['learning_rate']}.",
         ],
-        "claims": [f"- {line}" for line in findings(report["rows"])],
+        "claims": [f"- {line}" for line in decomposed_findings(report["rows"], report["comparisons"])],
     }
-    tables = {"perplexity": bench.perplexity_table(report["rows"])}
+    headers, cells = decomposition_cells(report["comparisons"])
+    tables = {
+        "perplexity": bench.perplexity_table(report["rows"]),
+        "decomposition": bench.table(headers, cells, align=["right"] * len(headers)),
+    }
     rendered = args.results_dir is not None
     bench.write_results(args, machine, tables, report, text, rendered_from_results_dir=rendered)
 

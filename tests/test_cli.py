@@ -74,8 +74,16 @@ def no_training(monkeypatch):
         (["--eval_documents", "0"], "eval_documents must be at least 1"),
         (["--eval_documents", "-1"], "eval_documents=-1"),
         (["--window_sizes", "1000", "--block_tokens", "2000"], "window sizes must lie in [2, 128]"),
+        (["--num_resamples", "0"], "num_resamples must be at least 1"),
     ],
-    ids=["recurrent-overlap", "baseline-overlap", "zero-documents", "negative-documents", "window-over-positions"],
+    ids=[
+        "recurrent-overlap",
+        "baseline-overlap",
+        "zero-documents",
+        "negative-documents",
+        "window-over-positions",
+        "no-resamples",
+    ],
 )
 def test_reproduce_checks_its_settings_before_training(options, expected, tmp_path, capsys, no_training):
     out = tmp_path / "reproduce"
@@ -92,8 +100,9 @@ def test_reproduce_writes_each_result_as_it_comes(tmp_path, monkeypatch):
     def fails_second(*args, **kwargs):
         if rows:
             raise RuntimeError("interrupted")
-        rows.append(evaluate_row(*args, **kwargs))
-        return rows[-1]
+        row, token_nll = evaluate_row(*args, **kwargs)
+        rows.append(row)
+        return row, token_nll
 
     evaluate_row = reproduction.evaluate_row
     monkeypatch.setattr(reproduction, "evaluate_row", fails_second)

@@ -36,8 +36,12 @@ def test_plot_is_written(tmp_path):
     from matplotlib.image import imread
 
     path = plot_perplexity_vs_flops(ROWS, tmp_path / "plot.png")
-    height, width, _ = imread(path).shape
+    plain = imread(path)
+    height, width, _ = plain.shape
     assert width > 500 and height > 300
+    # Notes are written under the plot, in the figure's layout: the same size, another picture.
+    noted = imread(plot_perplexity_vs_flops(ROWS, tmp_path / "noted.png", notes=["T=32: a note", "T=64: another"]))
+    assert noted.shape == plain.shape and (noted != plain).any()
 
 
 def test_empty_or_unplottable_rows_raise(tmp_path):

@@ -1,13 +1,16 @@
 """Reproduce the recurrence paper's comparison (Yoshida et al. 2020) offline: the project's main job.
 
-From the embedded default GPT-2 (or --model_name_or_path), fine-tune a plain baseline and a recurrent GPT-2 with the
-stock Trainer at equal steps on the same tokens (the Python standard library's train modules), then evaluate both on
-held-out modules with windowed perplexity at several overlaps and window sizes. Prints the paper's Table 1/2-shaped
-comparison with FLOPs/token and writes results.json, results.md and the Figure 5-shaped perplexity_vs_flops.png.
+From the embedded default GPT-2 (or --model_name_or_path), fine-tune a plain baseline, a recurrent GPT-2 and its
+zero-input control (the recurrence reading zeros: a learned constant h_prev) with the stock Trainer at equal steps on
+the same tokens (the Python standard library's train modules), then evaluate them on held-out modules with windowed
+perplexity at several overlaps and window sizes. Prints the paper's Table 1/2-shaped comparison with FLOPs/token and
+the recurrent model's gain split into learned constant (control vs baseline) and carried context (recurrent vs
+control) with paired bootstrap intervals, and writes results.json, results.md and the Figure 5-shaped
+perplexity_vs_flops.png.
 The settings, the model and --output_dir (empty, unless --overwrite) are checked before any training, and the
 results are written after each evaluation.
 
-Presets: `default` (about 10 minutes on 2 idle CPU cores; a busy machine takes several times that), `smoke` (seconds: a wiring check, numbers meaningless) and
+Presets: `default` (about 10.5 minutes on 2 idle CPU cores; a busy machine takes several times that), `smoke` (seconds: a wiring check, numbers meaningless) and
 `paper` (GPT-2 small with 300-token windows and the paper's overlaps; for a GPU and a model from the Hub). Any option
 given explicitly overrides the preset.
 

@@ -46,10 +46,17 @@ def format_table(rows: Sequence[dict]) -> str:
 
 
 def write_report(
-    output_dir: Path, rows: Sequence[dict], summary: Sequence[str] = (), *, finished: bool, **header
+    output_dir: Path,
+    rows: Sequence[dict],
+    summary: Sequence[str] = (),
+    *,
+    finished: bool,
+    sections: Sequence[str] = (),
+    **header,
 ) -> str:
     """Write `results.json` (`finished`, `header`'s fields, then `rows`) and `results.md` (the table of `rows`, then
-    one bullet per `summary` line) to `output_dir`; return the table. Every command that evaluates writes its report
+    each of `sections`, Markdown such as another table, then one bullet per `summary` line) to `output_dir`; return
+    the table. Every command that evaluates writes its report
     this way, after each evaluation with `finished=False` (so a later failure loses nothing finished, and the files
     say that more rows were to come), and once more with `finished=True` at the end. Each file is replaced
     atomically: a run killed mid-write, or a full disk, leaves the previous complete version."""
@@ -58,18 +65,20 @@ def write_report(
         output_dir / "results.json", json.dumps({"finished": finished, **header, "rows": list(rows)}, indent=2) + "\n"
     )
     unfinished = "" if finished else "Unfinished run: the rows so far.\n\n"
+    body = "\n\n".join([table, *(section for section in sections if section)]) + "\n"
     write_atomically(
         output_dir / "results.md",
-        unfinished + table + "\n" + ("\n" + "".join(f"- {line}\n" for line in summary) if summary else ""),
+        unfinished + body + ("\n" + "".join(f"- {line}\n" for line in summary) if summary else ""),
     )
     return table
 
 
-def plot_perplexity_vs_flops(rows: Sequence[dict], path: str | Path) -> Path:
+def plot_perplexity_vs_flops(rows: Sequence[dict], path: str | Path, notes: Sequence[str] = ()) -> Path:
     """Plot perplexity against FLOPs per token (the paper's Figure 5) and save it to `path` (PNG, PDF, SVG...).
 
     One colour and marker per model; within a model one line style per window size, through its overlaps in order of cost,
-    each point annotated with its overlap. Needs matplotlib (`pip install hf-recurrence[eval]`); no display is used.
+    each point annotated with its overlap. `notes`: lines written under the plot (e.g. the comparisons behind the
+    points). Needs matplotlib (`pip install hf-recurrence[eval]`); no display is used.
     """
     # Imported here so that the rest of the evaluation package works without matplotlib installed.
     from matplotlib.figure import Figure
@@ -108,6 +117,17 @@ def plot_perplexity_vs_flops(rows: Sequence[dict], path: str | Path) -> Path:
                     fontsize=7,
                     color=color,
                 )
+    if notes:
+        # Under the x label, inside the figure's layout (which grows to make room for it).
+        axes.annotate(
+            "\n".join(notes),
+            (0, 0),
+            xycoords="axes fraction",
+            xytext=(0, -36),
+            textcoords="offset points",
+            fontsize=7,
+            va="top",
+        )
     return _label_and_save(
         axes, "FLOPs per token", "Perplexity", "Perplexity against evaluation cost (o = overlap in tokens)", path
     )

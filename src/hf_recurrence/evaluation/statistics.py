@@ -2,10 +2,12 @@
 mean NLL by position inside the window (where a recurrent model's carried context should help: the window starts).
 
 Inputs come from [`windowed_perplexity`] with `return_token_nll=True` (its `token_nll`), or from any per-segment sums.
+`compare` and `describe` are what both reproductions (`hf-recurrence reproduce`) report their arms with.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import torch
 
@@ -125,6 +127,35 @@ def paired_bootstrap(
         num_segments=len(segments),
         num_resamples=num_resamples,
         seed=seed,
+    )
+
+
+class BootstrapSettings(Protocol):
+    """The fields `compare` reads (of `ReproductionSettings` or `BookReproductionSettings`)."""
+
+    segment_tokens: int | None
+    num_resamples: int
+    seed: int
+
+
+def compare(token_nll: Mapping[str, Sequence[TokenNLL]], a: str, b: str, settings: BootstrapSettings) -> dict:
+    """Paired bootstrap of arm `b` against arm `a` (keys of `token_nll`: each arm's `windowed_perplexity(...,
+    return_token_nll=True).token_nll` on the same documents) over the same segments of `settings.segment_tokens`
+    predicted tokens: `{"a": a, "b": b, **PairedBootstrap.to_dict()}`."""
+    nll_a, tokens_a = segment_sums(token_nll[a], settings.segment_tokens)
+    nll_b, tokens_b = segment_sums(token_nll[b], settings.segment_tokens)
+    result = paired_bootstrap(
+        nll_a, tokens_a, nll_b, tokens_b, num_resamples=settings.num_resamples, seed=settings.seed
+    ).to_dict()
+    return {"a": a, "b": b, **result}
+
+
+def describe(comparison: dict) -> str:
+    """One line for a `compare` result: "b vs a: -1.23% perplexity (95% interval -2.00% to -0.50%, 48 segments)"."""
+    return (
+        f"{comparison['b']} vs {comparison['a']}: {100 * comparison['relative_difference']:+.2f}% perplexity "
+        f"({100 * comparison['confidence']:.0f}% interval {100 * comparison['low']:+.2f}% to "
+        f"{100 * comparison['high']:+.2f}%, {comparison['num_segments']} segments)"
     )
 
 

@@ -64,7 +64,7 @@ from ..evaluation import (
 from ..evaluation.flops import has_flops_count
 from ..evaluation.perplexity import RECURRENT_CHUNK_TOKENS
 from ..evaluation.report import plot_nll_by_window_position
-from ..evaluation.statistics import nll_by_window_position, paired_bootstrap, segment_sums
+from ..evaluation.statistics import compare, describe, nll_by_window_position
 from ..models import RecurrentDecoderForCausalLM
 from ..outputs import UsageError, prepare_output_dir, write_atomically
 from ..weights import (
@@ -73,7 +73,7 @@ from ..weights import (
     recurrent_decoder_from_causal_lm,
     smollm2_gguf_path,
 )
-from .reproduction import findings, finish_run, overlap_tokens, report_header
+from .reproduction import TRAINED_ARMS, findings, finish_run, overlap_tokens, report_header
 from .training import RunProgress, fine_tune
 
 
@@ -86,9 +86,6 @@ BOOK_REPORT_FILES = (
     "split.json",
     "recurrence_*.safetensors",
 )
-
-# The trained arms: name -> `recurrence_input` of their recurrence module.
-TRAINED_ARMS = {"recurrent": "window", "control": "zeros"}
 
 # The reference rows' prompt: this project's own sentence of plain narrative prose, read before every window.
 REFERENCE_PROMPT = (
@@ -639,24 +636,6 @@ def run_fact_probe(
         "train_minutes": minutes,
         **{name: {"name_nll": nll, "recalled": recalled} for name, (nll, recalled) in readers.items()},
     }
-
-
-def compare(rows_nll: dict, a: str, b: str, settings: BookReproductionSettings) -> dict:
-    """Paired bootstrap of arm `b` against arm `a` over the same segments of the held-out text."""
-    nll_a, tokens_a = segment_sums(rows_nll[a], settings.segment_tokens)
-    nll_b, tokens_b = segment_sums(rows_nll[b], settings.segment_tokens)
-    result = paired_bootstrap(
-        nll_a, tokens_a, nll_b, tokens_b, num_resamples=settings.num_resamples, seed=settings.seed
-    ).to_dict()
-    return {"a": a, "b": b, **result}
-
-
-def describe(comparison: dict) -> str:
-    return (
-        f"{comparison['b']} vs {comparison['a']}: {100 * comparison['relative_difference']:+.2f}% perplexity "
-        f"(95% interval {100 * comparison['low']:+.2f}% to {100 * comparison['high']:+.2f}%, "
-        f"{comparison['num_segments']} segments)"
-    )
 
 
 def carried_gain_lost(token_nll: dict) -> float:

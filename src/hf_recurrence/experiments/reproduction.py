@@ -1,8 +1,11 @@
-"""The recurrence paper's comparison, end to end (Yoshida et al. 2020, §5, Tables 1-2, Figures 4-5).
+"""The recurrence paper's comparison, end to end (Yoshida et al. 2020, §5, Tables 1-2, Figures 4-5), with a control.
 
-From one pretrained GPT-2, fine-tune a plain baseline and recurrent GPT-2s with the stock `Trainer` at equal steps on
-the same tokens, evaluate all of them on held-out documents with windowed perplexity at several overlaps and window
-sizes, and report perplexity against FLOPs per token as a table and a plot.
+From one pretrained GPT-2, fine-tune a plain baseline, recurrent GPT-2s and their zero-input controls (the same
+recurrence module reading zeros, `recurrence_input="zeros"`: its `h_prev` is a learned constant) with the stock
+`Trainer` at equal steps on the same tokens, evaluate all of them on held-out documents with windowed perplexity at
+several overlaps and window sizes, and report perplexity against FLOPs per token as a table and a plot, and the
+recurrent model's gain over the baseline decomposed, with paired bootstrap intervals, into the control's learned
+constant (control vs baseline) and carried context (recurrent vs control).
 """
 
 import math
@@ -17,10 +20,12 @@ from transformers import (
     GPT2LMHeadModel,
     PreTrainedConfig,
     TrainerCallback,
+    set_seed,
 )
 
 from ..data import TokenBlocks, WindowedBlocksCollator, read_documents, token_stream
-from ..evaluation import plot_perplexity_vs_flops, windowed_perplexity, write_report
+from ..evaluation import TokenNLL, plot_perplexity_vs_flops, windowed_perplexity, write_report
+from ..evaluation.statistics import compare, describe
 from ..models import RecurrentGPT2Config, RecurrentGPT2LMHeadModel
 from ..outputs import REPORT_FILES, UsageError, finish_output_dir, prepare_output_dir
 from .pretraining import default_model_path
@@ -52,12 +57,20 @@ class ReproductionSettings:
     batch_size: int = field(
         default=4, metadata={"help": "Blocks per optimizer step (the baseline gets the same blocks cut into windows)."}
     )
-    max_steps: int = field(default=400, metadata={"help": "Optimizer steps per model."})
+    max_steps: int = field(
+        default=270,
+        metadata={"help": "Optimizer steps per model (every arm, the control included, takes the same steps)."},
+    )
     learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate (linear warm-up, cosine decay)."})
     warmup_steps: int = field(default=20, metadata={"help": "Warm-up steps."})
     eval_documents: int | None = field(
         default=None, metadata={"help": "Evaluate on only the first N held-out documents (None: every one)."}
     )
+    segment_tokens: int = field(
+        default=512,
+        metadata={"help": "Predicted tokens per bootstrap segment (the intervals pair the arms over these segments)."},
+    )
+    num_resamples: int = field(default=10_000, metadata={"help": "Bootstrap resamples."})
     seed: int = field(default=0, metadata={"help": "Random seed."})
     train_files: Sequence[str] = field(
         default_factory=tuple,
@@ -73,7 +86,7 @@ class ReproductionSettings:
             bad = [f for f in getattr(self, name) if not 0 <= f < 1]
             if bad:
                 raise UsageError(f"{name} must lie in [0, 1), got {bad}")
-        for name in ("block_tokens", "batch_size", "max_steps"):
+        for name in ("block_tokens", "batch_size", "max_steps", "segment_tokens", "num_resamples"):
             if getattr(self, name) < 1:
                 raise UsageError(f"{name} must be at least 1, got {name}={getattr(self, name)}")
         too_long = [t for t in self.window_sizes if t < 2 or t > self.block_tokens]
@@ -127,12 +140,31 @@ def overlap_tokens(window_size: int, fraction: float) -> int:
 # Windows per forward for the baseline: small windows of a small model are otherwise dominated by per-call overhead.
 BASELINE_EVAL_BATCH = 64
 
+# The arms trained beside the baseline at each window size and recurrent overlap: name -> `recurrence_input` of their
+# recurrence module. The control's reads zeros, so its `h_prev` is a learned constant whatever the text.
+TRAINED_ARMS = {"recurrent": "window", "control": "zeros"}
 
-def evaluate_row(model, documents, name: str, window_size: int, overlap: int, batch_size: int = 8, **extra) -> dict:
-    result = windowed_perplexity(model, documents, window_size, overlap, batch_size=batch_size)
+# A recurrent model's gain over the baseline and its two parts, each (part, arm b, arm a): b vs a at the recurrent
+# model's window and overlap. Perplexity ratios multiply (recurrent/baseline = control/baseline x recurrent/control),
+# so the total is the sum of the parts in log perplexity, and nearly so in percent.
+DECOMPOSITION = (
+    ("total gain", "recurrent", "baseline"),
+    ("learned constant", "control", "baseline"),
+    ("carried context", "recurrent", "control"),
+)
+
+# Every evaluation's per-token NLLs, by (window size, overlap), then by arm: what `decomposition` pairs.
+Reads = dict[tuple[int, int], dict[str, list[TokenNLL]]]
+
+
+def evaluate_row(
+    model, documents, name: str, window_size: int, overlap: int, batch_size: int = 8, **extra
+) -> tuple[dict, list[TokenNLL]]:
+    """Read `documents` with `model` in windows; returns its row and every predicted token's NLL (for the intervals)."""
+    result = windowed_perplexity(model, documents, window_size, overlap, batch_size=batch_size, return_token_nll=True)
     row = {"model": name, **result.to_dict(), **extra}
     print(f"  {name:<10} window {window_size:>4} overlap {overlap:>4}: perplexity {result.perplexity:.2f}")
-    return row
+    return row, result.token_nll
 
 
 def reproduce(
@@ -144,7 +176,8 @@ def reproduce(
     results.json and results.md are rewritten after each evaluation, so a later failure loses nothing finished. The
     plan is printed first, and each training as it starts with an estimate of the time left (`RunProgress`).
     `caveat`: a line said up front, first in the findings and in results.json (e.g. that a preset's numbers mean
-    nothing).
+    nothing). The finished report adds the decomposition (`decomposition`): results.json's `comparisons`, a second
+    table in results.md, and its lines among the findings.
     """
     start = time.perf_counter()
     source = settings.model_name_or_path or str(default_model_path())
@@ -154,6 +187,7 @@ def reproduce(
     test_docs = read_documents(settings.test_files, "test")[: settings.eval_documents]
     stream = token_stream(train_texts, tokenizer)
     test_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for _, text in test_docs]
+    check_segments(settings, test_ids)
     print(
         f"Model {source}; training stream {len(stream):,} tokens from {len(train_texts)} documents; held-out "
         f"{sum(map(len, test_ids)):,} tokens in {len(test_docs)} documents ({', '.join(n for n, _ in test_docs)})"
@@ -165,15 +199,17 @@ def reproduce(
         settings.max_steps,
     )
     evaluations = len(settings.window_sizes) * (
-        len(settings.baseline_overlap_fractions) + len(settings.recurrent_overlap_fractions)
+        len(settings.baseline_overlap_fractions) + len(TRAINED_ARMS) * len(settings.recurrent_overlap_fractions)
     )
     print(progress.plan(evaluations))
     if caveat:
         print(caveat)
     rows = []
+    reads: Reads = {}
 
-    def record(row: dict) -> None:
+    def record(row: dict, token_nll: list[TokenNLL]) -> None:
         rows.append(row)
+        reads.setdefault((row["window_size"], row["overlap"]), {})[row["model"]] = token_nll
         write_report(output_dir, rows, finished=False, **report_header(settings, source, start), **header)
 
     for window_size in settings.window_sizes:
@@ -184,21 +220,48 @@ def reproduce(
         for model, overlap in trained_models(settings, window_size):
             train_and_evaluate(model, window_size, overlap, settings, source, stream, test_ids, record, progress.start)
 
-    summary = ([caveat] if caveat else []) + findings(rows)
-    table = write_report(output_dir, rows, summary, finished=True, **report_header(settings, source, start), **header)
-    plot_perplexity_vs_flops(rows, output_dir / "perplexity_vs_flops.png")
-    finish_run(output_dir, table, summary, (time.perf_counter() - start) / 60, "results, table and plot")
+    comparisons = decomposition(reads, settings)
+    summary = ([caveat] if caveat else []) + decomposed_findings(rows, comparisons)
+    parts = decomposition_table(comparisons)
+    table = write_report(
+        output_dir,
+        rows,
+        summary,
+        finished=True,
+        sections=[parts],
+        **report_header(settings, source, start),
+        **header,
+        comparisons=comparisons,
+    )
+    plot_perplexity_vs_flops(rows, output_dir / "perplexity_vs_flops.png", plot_notes(comparisons))
+    shown = "\n\n".join(text for text in (table, parts) if text)
+    finish_run(output_dir, shown, summary, (time.perf_counter() - start) / 60, "results, tables and plot")
     return rows
 
 
+def check_segments(settings: ReproductionSettings, test_ids: Sequence[Sequence[int]]) -> None:
+    """Refuse, before any training, held-out text too short for the decomposition's bootstrap (2 segments)."""
+    predicted = [len(ids) - 1 for ids in test_ids if len(ids) > 1]
+    segments = sum(math.ceil(tokens / settings.segment_tokens) for tokens in predicted)
+    if segments < 2:
+        raise UsageError(
+            f"The held-out documents predict {sum(predicted):,} tokens: {segments} bootstrap segment(s) of "
+            f"segment_tokens={settings.segment_tokens}, and the intervals need at least 2; give more held-out text "
+            "(--eval_documents, --test_files) or a smaller --segment_tokens"
+        )
+
+
 def trained_models(settings: ReproductionSettings, window_size: int) -> list[tuple[str, int | None]]:
-    """The models trained at `window_size`, in order: the baseline, then a recurrent model at each overlap (tokens)."""
-    recurrent = [("recurrent", overlap_tokens(window_size, f)) for f in settings.recurrent_overlap_fractions]
+    """The models trained at `window_size`, in order: the baseline, then at each recurrent overlap (tokens) the
+    recurrent model and its control (`TRAINED_ARMS`)."""
+    recurrent = [
+        (arm, overlap_tokens(window_size, f)) for f in settings.recurrent_overlap_fractions for arm in TRAINED_ARMS
+    ]
     return [("baseline", None), *recurrent]
 
 
 def training_name(model_name: str, overlap: int | None, window_size: int) -> str:
-    """How the progress lines name a training: "baseline at window 32", "recurrent at window 300, overlap 5"."""
+    """How the progress lines name a training: "baseline at window 32", "control at window 300, overlap 5"."""
     return f"{model_name} at window {window_size}" + (f", overlap {overlap}" if overlap else "")
 
 
@@ -210,12 +273,14 @@ def train_and_evaluate(
     source: str,
     stream: list[int],
     test_ids: list[list[int]],
-    record: Callable[[dict], None],
+    record: Callable[[dict, list[TokenNLL]], None],
     start_training: Callable[[str], TrainerCallback],
 ) -> None:
     """Fine-tune one model from `source` at `window_size` on the same stream as every other, and `record` its
-    evaluations: the baseline (`overlap` None) reads every block's windows independently and is evaluated at every
-    baseline overlap, a recurrent model is trained and evaluated at `overlap`."""
+    evaluations (each row with its token NLLs): the baseline (`overlap` None) reads every block's windows
+    independently and is evaluated at every baseline overlap; a recurrent model or its control (`model_name` in
+    `TRAINED_ARMS`), each from the same initialisation of the recurrence module, is trained and evaluated at
+    `overlap`."""
     windows_per_block = settings.block_tokens // window_size
     pace = start_training(training_name(model_name, overlap, window_size))
     if overlap is None:
@@ -225,14 +290,17 @@ def train_and_evaluate(
         overlaps = [overlap_tokens(window_size, f) for f in settings.baseline_overlap_fractions]
         batch_size = BASELINE_EVAL_BATCH
     else:
-        model = RecurrentGPT2LMHeadModel.from_pretrained(source, window_size=window_size, window_overlap=overlap)
+        set_seed(settings.seed)  # the recurrence module's initialisation: the same for the recurrent model and control
+        model = RecurrentGPT2LMHeadModel.from_pretrained(
+            source, window_size=window_size, window_overlap=overlap, recurrence_input=TRAINED_ARMS[model_name]
+        )
         block_size = window_size + (windows_per_block - 1) * (window_size - overlap)
         collator, overlaps, batch_size = None, [overlap], 8
     train_loss = fine_tune(model, TokenBlocks(stream, block_size), settings, collator=collator, callbacks=[pace])
     tokens = settings.max_steps * settings.batch_size * block_size
     for read_overlap in overlaps:
         record(
-            evaluate_row(
+            *evaluate_row(
                 model,
                 test_ids,
                 model_name,
@@ -243,6 +311,95 @@ def train_and_evaluate(
                 tokens=tokens,
             )
         )
+
+
+def decomposition(reads: Reads, settings: ReproductionSettings) -> list[dict]:
+    """Each recurrent model's gain over the baseline at its window and overlap, and its two parts (`DECOMPOSITION`):
+    paired bootstrap intervals (`compare`) over the same `segment_tokens` segments of the held-out text, each a dict
+    with `window_size`, `overlap` and `part`. The total and the constant only where the baseline was read at that
+    overlap; a recurrent model read without its control is refused."""
+    comparisons = []
+    for (window_size, overlap), arms in reads.items():
+        if "recurrent" not in arms:
+            continue
+        if "control" not in arms:
+            raise ValueError(
+                f"window {window_size}, overlap {overlap}: the recurrent model was read without its zero-input control; "
+                "the decomposition needs the control trained beside it"
+            )
+        for part, b, a in DECOMPOSITION:
+            if a in arms:
+                where = {"window_size": window_size, "overlap": overlap, "part": part}
+                comparisons.append({**where, **compare(arms, a, b, settings)})
+    return comparisons
+
+
+def decomposition_lines(comparisons: Sequence[dict]) -> list[str]:
+    """One line per part of the decomposition; the carried-context line says whether its interval excludes 0."""
+    lines = []
+    for comparison in comparisons:
+        line = f"window {comparison['window_size']}, overlap {comparison['overlap']}, {comparison['part']}: "
+        line += describe(comparison)
+        if comparison["part"] == "carried context":
+            excludes = comparison["low"] > 0 or comparison["high"] < 0
+            line += "; the interval excludes 0" if excludes else "; the interval includes 0: no carried context shown"
+        lines.append(line)
+    return lines
+
+
+def decomposed_findings(rows: list[dict], comparisons: Sequence[dict]) -> list[str]:
+    """The findings of a run with its control, window by window: the paper's two claims (`findings`), then the
+    decomposition's lines (`decomposition_lines`)."""
+    lines = []
+    for window_size in dict.fromkeys(row["window_size"] for row in rows):
+        lines += findings([row for row in rows if row["window_size"] == window_size])
+        lines += decomposition_lines([c for c in comparisons if c["window_size"] == window_size])
+    return lines
+
+
+def plot_notes(comparisons: Sequence[dict]) -> list[str]:
+    """The decomposition's two parts in short, for the plot: a legend line, then one line per window and overlap."""
+    cells = {}
+    for c in comparisons:
+        if c["part"] != "total gain":
+            cells.setdefault((c["window_size"], c["overlap"]), []).append(
+                f"{c['b']} vs {c['a']} {100 * c['relative_difference']:+.2f}% "
+                f"[{100 * c['low']:+.2f}, {100 * c['high']:+.2f}]"
+            )
+    if not cells:
+        return []
+    legend = "learned constant = control vs baseline; carried context = recurrent vs control (95% intervals)"
+    return [legend, *(f"T={window}, o={overlap}: {'; '.join(parts)}" for (window, overlap), parts in cells.items())]
+
+
+def decomposition_cells(comparisons: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
+    """The decomposition as a table: headers, and one row per window and overlap with each part's change and interval
+    ("–" where the baseline was not read at that overlap)."""
+    headers = ["Window", "Overlap", *(f"{part} ({b} vs {a})".capitalize() for part, b, a in DECOMPOSITION)]
+    cells = {}
+    for c in comparisons:
+        row = cells.setdefault((c["window_size"], c["overlap"]), {})
+        row[c["part"]] = f"{100 * c['relative_difference']:+.2f}% ({100 * c['low']:+.2f}% to {100 * c['high']:+.2f}%)"
+    rows = [
+        [str(window), str(overlap), *(parts.get(part, "–") for part, _, _ in DECOMPOSITION)]
+        for (window, overlap), parts in cells.items()
+    ]
+    return headers, rows
+
+
+def decomposition_table(comparisons: Sequence[dict]) -> str:
+    """`decomposition_cells` as a Markdown table, titled with what its intervals are ("" without comparisons)."""
+    if not comparisons:
+        return ""
+    headers, rows = decomposition_cells(comparisons)
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(["---:"] * len(headers)) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    first = comparisons[0]
+    title = (
+        f"The recurrent model's gain decomposed: perplexity change ({100 * first['confidence']:.0f}% paired bootstrap "
+        f"interval over {first['num_segments']} segments of the held-out text)"
+    )
+    return title + ":\n\n" + "\n".join(lines)
 
 
 def finish_run(output_dir: Path, table: str, summary: Sequence[str], minutes: float, written: str) -> None:
