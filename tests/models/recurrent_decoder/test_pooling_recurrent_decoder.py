@@ -39,7 +39,8 @@ def test_h_prev_is_the_recurrence_of_the_layer_weighted_mean(backbone, normalize
         layer_outputs = layer_outputs * torch.rsqrt(layer_outputs.pow(2).mean(-1, keepdim=True) + eps)
     weights = torch.softmax(logits, dim=0)
     summary = (weights[:, None, None] * layer_outputs.mean(2)).sum(0)  # (batch, hidden)
-    torch.testing.assert_close(state.h_prev, model.recurrence(summary))
+    # The paper's one slot: h_prev (batch, 1, hidden).
+    torch.testing.assert_close(state.h_prev, model.recurrence(summary[:, None]))
 
 
 @by_backbone(REPRESENTATIVE)
