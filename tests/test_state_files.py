@@ -82,7 +82,8 @@ def test_continuing_from_a_loaded_state_equals_continuing_from_the_original(fami
     assert torch.equal(from_file.logits, original.logits)
     header = _read_header(tmp_path / "state.safetensors")
     assert header["family"] == family.name
-    assert header["format_version"] == 1
+    # The recurrence core's files are at version 2 since the memory slots; Transformer-XL's at 1.
+    assert header["format_version"] == (1 if family.name == "transformer_xl" else 2)
     assert header["seen_tokens"] == SPLIT
 
 
@@ -129,8 +130,8 @@ def test_files_that_do_not_fit_the_model_are_refused(family, tmp_path):
     with pytest.raises(ValueError, match="is not a saved recurrent state"):
         model.load_state(tmp_path / "weights.safetensors")
 
-    _rewrite(good, tmp_path / "future.safetensors", header={**header, "format_version": 2})
-    with pytest.raises(ValueError, match="format version 2.*reads version 1"):
+    _rewrite(good, tmp_path / "future.safetensors", header={**header, "format_version": 99})
+    with pytest.raises(ValueError, match=r"format version 99.*reads versions \("):
         model.load_state(tmp_path / "future.safetensors")
 
     _rewrite(good, tmp_path / "incomplete.safetensors", drop="keys.0")
