@@ -1,6 +1,7 @@
 """Corpora read from the machine, long books fetched by package managers, offline tokenizers, training blocks, and
-the synthetic tasks (inductive generalization, key recall)."""
+the synthetic tasks (inductive generalization, key recall, associative recall)."""
 
+from .associative_recall import AssociativeVocab, make_associative_batch
 from .blocks import TokenBlocks, WindowedBlocksCollator, token_stream
 from .books import (
     AUSTEN_SHA256,
@@ -58,6 +59,7 @@ __all__ = [
     "END_OF_TEXT",
     "NSP_TASKS",
     "STDLIB_SPLITS",
+    "AssociativeVocab",
     "Book",
     "NumberSequenceDataset",
     "RecallVocab",
@@ -78,6 +80,7 @@ __all__ = [
     "kjv_books",
     "little_endian_digits",
     "logits_to_predictions",
+    "make_associative_batch",
     "make_recall_batch",
     "minilm_tokenizer",
     "number_sequence_tokenizer",
