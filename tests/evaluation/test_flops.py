@@ -75,6 +75,28 @@ def test_llama_recurrence_adds_under_one_percent_and_overlap_the_recomputed_frac
     assert flops_per_token(llama, 128, 16) == pytest.approx(flops_per_token(llama, 128, 0) * 128 / 112)
 
 
+def test_memory_slots_and_reading_layers_count_by_hand():
+    # SmolLM2's shape, T = 128: 4 attention slots of the final layer, read at 3 layers, against the paper's one slot.
+    paper = RecurrentLlamaConfig(**SMOLLM2_SHAPE, window_size=128, recurrence_hidden_sizes=[200])
+    memory = RecurrentLlamaConfig(
+        **SMOLLM2_SHAPE,
+        window_size=128,
+        recurrence_hidden_sizes=[200],
+        memory_slots=4,
+        memory_pooling="attention",
+        memory_source="last_layer",
+        memory_read_layers=[0, 2, 29],
+    )
+    network = 2 * 2 * 576 * 200
+    # Per position: pooling one layer instead of 30, 4 keys at 3 layers instead of 1, scores and sums of 4 slots;
+    # per window: the network and 3 key/value projections (576 x 192 each) for every slot.
+    per_position = 2 * 576 - 2 * 30 * 576 + (4 * 3 - 1) * 2 * 576 + 4 * 4 * 576
+    per_window = 4 * (network + 3 * 2 * 2 * 576 * 192) - (network + 2 * 2 * 576 * 192)
+    expected = flops_per_token(paper, 128, 0) + per_position + per_window / 128
+    assert flops_per_token(memory, 128, 0) == pytest.approx(expected, rel=1e-12)
+    assert flops_per_token(memory, 128, 0) < 1.01 * flops_per_token(LlamaConfig(**SMOLLM2_SHAPE), 128, 0)
+
+
 @pytest.mark.parametrize(
     "config",
     [

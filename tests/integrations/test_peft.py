@@ -78,16 +78,26 @@ def test_saved_lora_adapter_loads_through_peft_and_through_transformers(family, 
         torch.testing.assert_close(through_transformers(ids).logits, expected, rtol=1e-6, atol=1e-6)
 
 
+# The paper's recurrence, and a memory of two attention slots read at two layers (its queries and slot embeddings
+# are trained and saved with the recurrence).
+MEMORY = {"memory_slots": 2, "memory_pooling": "attention", "memory_read_layers": [0, 1]}
+
+
 # peft 0.21 still reads the `is_gradient_checkpointing` property that transformers 5.23 deprecates.
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
-def test_lora_on_q_and_v_trains_adapters_and_recurrence_only(tmp_path):
-    base = RecurrentLlamaForCausalLM(tiny_recurrent_llama_config())
+@pytest.mark.parametrize("memory", [{}, MEMORY], ids=["paper", "memory"])
+def test_lora_on_q_and_v_trains_adapters_and_recurrence_only(memory, tmp_path):
+    base = RecurrentLlamaForCausalLM(tiny_recurrent_llama_config(**memory))
     base.save_pretrained(tmp_path / "base")
     lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["recurrence"], task_type="CAUSAL_LM")
     model = get_peft_model(base, lora)
     trainable = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
     assert any("lora_" in name for name in trainable) and any(".recurrence." in name for name in trainable)
     assert all("lora_" in name or ".recurrence.modules_to_save." in name for name in trainable)
+    memory_weights = {name.rsplit(".", 1)[-1] for name in trainable if ".recurrence." in name} - {"weight", "bias"}
+    assert memory_weights == (
+        {"layer_weight_logits", "memory_queries", "slot_embeddings"} if memory else {"layer_weight_logits"}
+    )
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     ids = torch.randint(1, 99, (2, 30))

@@ -120,6 +120,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: window).",
     )
     parser.add_argument(
+        "--memory_slots",
+        type=int,
+        help="recurrent_llama and recurrent_decoder: memory slots h_prev carries, k (default: 1, the paper's).",
+    )
+    parser.add_argument(
+        "--memory_pooling",
+        choices=("mean", "attention"),
+        help="recurrent_llama and recurrent_decoder: how each slot pools the window: the paper's mean, or a learned "
+        "query attending over it (default: mean).",
+    )
+    parser.add_argument(
+        "--memory_position_bias",
+        action="store_const",
+        const=True,
+        help="recurrent_llama and recurrent_decoder: a learned per-slot bias over window positions in the pooling.",
+    )
+    parser.add_argument(
+        "--memory_source",
+        choices=("layer_mix", "last_layer"),
+        help="recurrent_llama and recurrent_decoder: what the memory pools: the paper's mix of every layer, or the "
+        "final layer (default: layer_mix).",
+    )
+    parser.add_argument(
+        "--memory_read_layers",
+        type=int,
+        nargs="+",
+        help="recurrent_llama and recurrent_decoder: the layers that read the slots as extra keys/values "
+        "(default: the insertion layer).",
+    )
+    parser.add_argument(
         "--segment_length", type=int, help="4.x TransfoXL only: tokens per segment (default: its mem_len)."
     )
     parser.add_argument("--gguf_file", help="GGUF file inside model_name_or_path (e.g. SmolLM2's or Gemma 3's).")

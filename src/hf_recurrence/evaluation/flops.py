@@ -82,10 +82,12 @@ def flops_per_token(config: PreTrainedConfig, window_size: int, overlap: int = 0
     window of `T` positions predicts only its `T - overlap` new tokens, so the recomputation multiplies this by
     `T / (T - overlap)`.
 
-    A recurrent model adds, per position, the layer-weighted pooling (`2·n_layer·d`) and attention to the one extra
-    key `h_prev` at the insertion block (`2·d_attn`); per window, the feed-forward network on the summary and the
-    key/value projection of `h_prev` (`2·2·d·d_kv`), spread over the window's new tokens. That is under 1% of the
-    total for GPT-2 small and SmolLM2-135M. Embeddings, the LM head, biases and norms are left out, as in the paper.
+    A recurrent model adds, per position, the layer-weighted pooling (`2·n_layer·d`; `2·d` pooling the last layer
+    alone) and attention to the extra keys of `h_prev`, its `k = memory_slots` slots at each of its `R` reading layers
+    (`2·k·R·d_attn`; the paper: one key at the insertion block), plus `4·k·d` for softmax pooling (each slot's score
+    and weighted sum); per window, the feed-forward network on each slot and the slots' key/value projections
+    (`k·R·2·2·d·d_kv`), spread over the window's new tokens. At the paper's settings that is under 1% of the total
+    for GPT-2 small and SmolLM2-135M. Embeddings, the LM head, biases and norms are left out, as in the paper.
 
     Raises `ValueError` for a model (or a recurrent model's backbone) type with no count here, or for a bad window /
     overlap.
@@ -102,7 +104,12 @@ def flops_per_token(config: PreTrainedConfig, window_size: int, overlap: int = 0
     per_window = 0
     if backbone is not config:  # recurrent
         key_value = hidden if _is_gpt2_block(backbone) else _key_value_width(backbone)
-        per_position += 2 * layers * hidden + 2 * attention_width
+        slots, reads = config.memory_slots, len(config.read_layers)
+        pooled_layers = 1 if config.memory_source == "last_layer" else layers
+        per_position += 2 * pooled_layers * hidden + 2 * slots * reads * attention_width
+        if config.pools_by_softmax:
+            per_position += 4 * slots * hidden
         sizes = [hidden, *config.recurrence_hidden_sizes, hidden]
-        per_window += 2 * sum(a * b for a, b in zip(sizes[:-1], sizes[1:], strict=True)) + 2 * 2 * hidden * key_value
+        network = 2 * sum(a * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+        per_window += slots * (network + reads * 2 * 2 * hidden * key_value)
     return (per_position * window_size + per_window) / (window_size - overlap)

@@ -59,6 +59,10 @@ ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
 CLASSIFIER_SETTINGS = ("id2label", "label2id", "problem_type")
 # What the recurrence reads: the window's summary (the paper), or zeros (the control: a learned constant h_prev).
 RECURRENCE_INPUTS = ("window", "zeros")
+# How a window's states are pooled into the memory slots: the paper's mean, or learned queries attending over them.
+MEMORY_POOLINGS = ("mean", "attention")
+# Which states the memory pools: the paper's softmax-weighted mix of every layer, or the final (normed) layer alone.
+MEMORY_SOURCES = ("layer_mix", "last_layer")
 
 
 def _is_int(value: Any) -> bool:
@@ -131,7 +135,7 @@ def rotary_refusal_reason(text_config: PreTrainedConfig, layer: int) -> str | No
         return "it has no rotary position embeddings (its positions are absolute)"
     no_rope_layers = getattr(text_config, "no_rope_layers", None)  # SmolLM3: 0 marks a layer without RoPE (NoPE)
     if no_rope_layers is not None and 0 <= layer < len(no_rope_layers) and not no_rope_layers[layer]:
-        return f"its layer {layer} (the insertion layer) uses no rotary position embedding (a NoPE layer)"
+        return f"its layer {layer} (a layer that reads h_prev) uses no rotary position embedding (a NoPE layer)"
     return None
 
 
@@ -178,6 +182,11 @@ class RecurrenceSettings:
     h_prev_rope_position: int | None = None
     normalize_pooled_states: bool = False
     recurrence_input: str = "window"
+    memory_slots: int = 1
+    memory_pooling: str = "mean"
+    memory_position_bias: bool = False
+    memory_source: str = "layer_mix"
+    memory_read_layers: list[int] | None = None
 
     # The config fields the recurrence adds to its backbone; from_pretrained(..., field=value) applies them before
     # validation, and tools read the list from here.
@@ -190,6 +199,11 @@ class RecurrenceSettings:
         "h_prev_rope_position",
         "normalize_pooled_states",
         "recurrence_input",
+        "memory_slots",
+        "memory_pooling",
+        "memory_position_bias",
+        "memory_source",
+        "memory_read_layers",
     )
 
     def _set_default_hidden_sizes(self) -> None:
@@ -242,6 +256,11 @@ class RecurrenceSettings:
         """Raise `ValueError` unless `window_size` and `window_overlap` form a schedule the backbone can run; checked
         for the config's own schedule and for every state a forward runs (a state may carry another)."""
         check_schedule(window_size, window_overlap, self.text_config)
+        if self.memory_position_bias and window_size > self.window_size:
+            raise ValueError(
+                f"window_size={window_size} is larger than the config's window_size={self.window_size}, which sizes "
+                "the memory's learned bias over window positions (memory_position_bias=True)"
+            )
 
     def check_model_settings(self) -> None:
         """Raise `ValueError` naming the first invalid field other than the window schedule; checked on every forward,
@@ -267,7 +286,50 @@ class RecurrenceSettings:
             raise ValueError(
                 f"recurrence_input must be one of {RECURRENCE_INPUTS}, got recurrence_input={self.recurrence_input!r}"
             )
+        self.check_memory_settings()
         self.check_h_prev_rope_position()
+
+    @property
+    def read_layers(self) -> list[int]:
+        """The layers whose attention reads the memory slots: `memory_read_layers`, or the insertion layer alone."""
+        return [self.insertion_layer] if self.memory_read_layers is None else list(self.memory_read_layers)
+
+    @property
+    def pools_by_softmax(self) -> bool:
+        """Whether the slots pool the window with softmax weights (learned queries or position biases), one pooled
+        state per slot; otherwise every slot reads the one plain mean."""
+        return self.memory_pooling == "attention" or self.memory_position_bias
+
+    def check_memory_settings(self) -> None:
+        """Raise `ValueError` naming the first invalid memory field (slots, pooling, source, read layers)."""
+        slots = self.memory_slots
+        if not _is_int(slots) or slots < 1:
+            raise ValueError(f"memory_slots must be a positive integer, got memory_slots={slots!r}")
+        if self.memory_pooling not in MEMORY_POOLINGS:
+            raise ValueError(
+                f"memory_pooling must be one of {MEMORY_POOLINGS}, got memory_pooling={self.memory_pooling!r}"
+            )
+        if self.memory_pooling == "attention" and slots > self.window_size:
+            raise ValueError(
+                f"memory_pooling='attention' with memory_slots={slots} > window_size={self.window_size}: more "
+                "queries than a window has tokens to attend to"
+            )
+        if self.memory_source not in MEMORY_SOURCES:
+            raise ValueError(
+                f"memory_source must be one of {MEMORY_SOURCES}, got memory_source={self.memory_source!r}"
+            )
+        read = self.memory_read_layers
+        layers = self.text_config.num_hidden_layers
+        if read is not None and (
+            not isinstance(read, list | tuple)
+            or not read
+            or any(not _is_int(i) or not 0 <= i < layers for i in read)
+            or len(set(read)) != len(read)
+        ):
+            raise ValueError(
+                f"memory_read_layers must be None (the insertion layer) or a non-empty list of distinct layer indices "
+                f"in [0, num_hidden_layers={layers}), got memory_read_layers={read!r}"
+            )
 
     def check_h_prev_rope_position(self) -> None:
         """Raise `ValueError` naming the value unless `h_prev_rope_position` is None or a position the backbone's
@@ -277,22 +339,30 @@ class RecurrenceSettings:
             return
         positions = position_table_size(self.text_config)
         limit = positions - self.window_size if positions is not None else None
-        if not _is_int(position) or position > 0 or (limit is not None and position < -limit):
+        # Slot i sits at `position - i`: the last slot must stay inside the range too.
+        lowest = position - self.memory_slots + 1 if _is_int(position) else position
+        if not _is_int(position) or position > 0 or (limit is not None and lowest < -limit):
             # Offsets from a window's queries (positions 0..window_size-1) back to the h_prev key must be ones a
             # causal model was trained on: 0..max_position_embeddings-1.
             allowed = (
                 f"[-{limit}, 0] (max_position_embeddings - window_size = {limit})" if limit is not None else "<= 0"
             )
-            raise ValueError(
-                f"h_prev_rope_position must be None (unrotated h_prev key) or a window position in {allowed}, got "
-                f"h_prev_rope_position={position!r}"
+            slots = (
+                f" with memory_slots={self.memory_slots} (slot i at h_prev_rope_position - i)"
+                if self.memory_slots > 1
+                else ""
             )
-        reason = rotary_refusal_reason(self.text_config, self.insertion_layer)
-        if reason is not None:
             raise ValueError(
-                f"h_prev_rope_position={position} cannot be used over a {self.text_config.model_type!r} backbone: "
-                f"{reason}, so there is no rotation to give the h_prev key; leave h_prev_rope_position=None"
+                f"h_prev_rope_position must be None (unrotated h_prev key) or a window position in {allowed}{slots}, "
+                f"got h_prev_rope_position={position!r}"
             )
+        for layer in self.read_layers:
+            reason = rotary_refusal_reason(self.text_config, layer)
+            if reason is not None:
+                raise ValueError(
+                    f"h_prev_rope_position={position} cannot be used over a {self.text_config.model_type!r} backbone: "
+                    f"{reason}, so there is no rotation to give the h_prev key; leave h_prev_rope_position=None"
+                )
 
 
 def _backbone_setting(name: str) -> property:
@@ -317,7 +387,8 @@ class RecurrentDecoderConfig(RecurrenceSettings, PreTrainedConfig):
 
     The input is read in windows of `window_size` tokens, each window repeating the last `window_overlap` tokens of
     the one before. A window's hidden states, weighted across layers and mean-pooled, pass through a small
-    feed-forward network to `h_prev`, which the next window sees as one extra key/value at layer `insertion_layer`.
+    feed-forward network to `h_prev`, which the next window sees as one extra key/value at layer `insertion_layer`
+    (the paper); the `memory_*` settings make it several slots, pooled by learned queries, read at several layers.
     Positions restart at 0 in every window, so the model reads inputs of any length.
 
     Args:
@@ -350,7 +421,27 @@ class RecurrentDecoderConfig(RecurrenceSettings, PreTrainedConfig):
             activations otherwise make the plain mean mostly a constant).
         recurrence_input (`str`, *optional*, defaults to `"window"`):
             `"window"`: `h_prev` comes from the previous window's summary (the paper). `"zeros"`: the network reads
-            zeros, so `h_prev` is a learned constant (the control arm).
+            zeros, so `h_prev` is a learned constant (the control arm; `memory_slots` learned constants).
+        memory_slots (`int`, *optional*, defaults to 1):
+            The memory's slots k, beyond the paper's one vector: `h_prev` becomes `(batch, k, hidden)`, k extra
+            keys/values at every reading layer. With k > 1 a learned slot embedding is added to each slot's pooled
+            state before the feed-forward network (which runs on every slot), so the slots differ from the start.
+        memory_pooling (`str`, *optional*, defaults to `"mean"`):
+            How each slot pools its window: `"mean"` (the paper) or `"attention"`, a learned query per slot attending
+            over the window's states (zero at first, so a slot starts as the mean). At most `window_size` slots.
+        memory_position_bias (`bool`, *optional*, defaults to `False`):
+            Add a learned bias per slot and window position to the pooling scores (zero at first), so that a slot can
+            learn to read, e.g., the last tokens of its window. Sized by `window_size`.
+        memory_source (`str`, *optional*, defaults to `"layer_mix"`):
+            What the memory pools: `"layer_mix"` (the paper's softmax-weighted mix of every layer's output) or
+            `"last_layer"` (the final, normed layer only, as RMT and AutoCompressors read their memory).
+        memory_read_layers (`list[int]`, *optional*):
+            The decoder layers whose attention reads the slots as extra keys/values, each through that layer's own
+            pre-attention norm and key/value projections. `None` (default): `[insertion_layer]`, the paper's one
+            layer. With `h_prev_rope_position`, slot i is rotated to position `h_prev_rope_position - i` at each.
+
+    The defaults are the paper's model exactly: a checkpoint or state file saved before these settings existed
+    loads and computes as it did.
 
     Example:
 

@@ -39,7 +39,7 @@ from .state_recurrent_decoder import (
     _right_packing_index,
     fixed_shape_state_class,
 )
-from .step_recurrent_decoder import _StepSettings
+from .step_recurrent_decoder import _StepSettings, merge_pooled
 
 
 class RecurrentDecoderGenerationMixin(GenerationMixin):
@@ -166,7 +166,7 @@ def _fixed_shape_decode(
         or not state.decodes_inside_windows()
     ):
         return None
-    h_key, h_value = state.h_prev_key_value(model)
+    h_prev_kv = state.h_prev_key_value(model)
     state.leave_lockstep()
     step = _compiled_decode(model, state.compile_config)
     logits = step(
@@ -177,9 +177,10 @@ def _fixed_shape_decode(
         state.slot_valid,
         state.window_index,
         state.h_prev,
-        h_key,
-        h_value,
+        h_prev_kv,
         state.pooled_sum,
+        state.pooled_weight,
+        state.pooled_reference,
         state.overlap_embeds,
         state.overlap_valid,
         *state.keys,
@@ -214,18 +215,20 @@ def _decode_in_place(
     slot_valid: torch.Tensor,
     window_index: torch.Tensor,
     h_prev: torch.Tensor,
-    h_key: torch.Tensor,
-    h_value: torch.Tensor,
+    h_prev_kv: dict[int, tuple[torch.Tensor, torch.Tensor]],
     pooled_sum: torch.Tensor,
+    pooled_weight: torch.Tensor,
+    pooled_reference: torch.Tensor,
     overlap_embeds: torch.Tensor,
     overlap_valid: torch.Tensor,
     *buffers: torch.Tensor,
 ) -> torch.Tensor:
     """One single-token step inside every row's window over a fixed-shape state's tensors, updated in place as
     `append_step` would: the step's key/value written into the buffers (a real column at its window position,
-    padding into the spare slot), `slot_valid`, `fill`, `pooled_sum` and the overlap. Returns the step's logits."""
+    padding into the spare slot), `slot_valid`, `fill`, the pooled states and the overlap. `h_prev_kv`: h_prev's
+    key and value at each reading layer. Returns the step's logits."""
     step = model._step(
-        settings, embeds, real, fill, slot_valid, window_index > 0, h_prev, None, *buffers, h_prev_kv=(h_key, h_value)
+        settings, embeds, real, fill, slot_valid, window_index > 0, h_prev, None, *buffers, h_prev_kv=h_prev_kv
     )
     column = real[:, 0]  # (batch,)
     slot = torch.where(column, fill, settings.window_size)  # (batch,)
@@ -233,7 +236,9 @@ def _decode_in_place(
         buffer.scatter_(2, slot[:, None, None, None].expand(*buffer.shape[:2], 1, buffer.shape[3]), new[:, :, -1:])
     slot_valid.scatter_(1, slot[:, None], real)
     fill.add_(column.long())
-    pooled_sum.add_(step.pooled)
+    pooled = (pooled_sum, pooled_weight, pooled_reference)
+    for kept, merged in zip(pooled, merge_pooled(pooled, step.pooled), strict=True):
+        kept.copy_(merged)
     if overlap_embeds.shape[1]:
         kept_embeds = torch.cat([overlap_embeds, embeds], dim=1)
         kept_real = torch.cat([overlap_valid, real], dim=1)

@@ -442,8 +442,15 @@ class RecurrentDecoderPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
         if isinstance(module, RecurrentDecoderRecurrence):
-            # Equal layer weights to start with: the summary is the plain mean over layers.
+            # Equal layer weights to start with: the summary is the plain mean over layers; zero queries and position
+            # biases: every slot starts as the mean too.
             init.zeros_(module.layer_weight_logits)
+            for name in ("memory_queries", "memory_position_bias"):
+                if hasattr(module, name):
+                    init.zeros_(getattr(module, name))
+            if hasattr(module, "slot_embeddings"):
+                std = getattr(self.config.text_config, "initializer_range", None) or 0.02
+                init.normal_(module.slot_embeddings, std=std)
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True, assign: bool = False):
         """Also takes a state dict in the checkpoint's layout (its `model.safetensors` read as is: `Trainer` resumes a
@@ -627,20 +634,22 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         h_prev: torch.Tensor,
         targets: torch.Tensor | None,
         *past: torch.Tensor,
-        h_prev_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+        h_prev_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> _StepOutput:
         """Run the backbone over one stretch of columns that stays inside each row's current window.
 
         embeds: (batch, cols, hidden) token embeddings (a re-read overlap prefix, then `num_new` new columns);
         real: (batch, cols) bool; fill: (batch,) tokens already in each row's window; `past` = the cached keys of
         every layer, then their values. Pure in its tensor arguments, so it can be recomputed under checkpointing.
-        `h_prev_kv`: h_prev's key and value at the insertion layer, when known (else computed from `h_prev`).
+        `h_prev` (batch, memory_slots, hidden); `h_prev_kv`: its key and value at each reading layer, when known
+        (else computed from `h_prev`).
         """
         num_layers, num_new = len(_decoder_layers(self.backbone)), settings.num_new
         positions = (fill[:, None] + real.cumsum(1) - 1).clamp(min=0)  # (batch, cols): restart in every window
         eager = settings.output_attentions or self.config._attn_implementation == "eager"
+        slots = self.config.memory_slots
         plain_mask, inserted_mask = _attention_masks(
-            real, slot_valid, has_h_prev, embeds.dtype, eager, settings.all_real
+            real, slot_valid, has_h_prev, embeds.dtype, eager, settings.all_real, slots
         )
         use_h_prev = settings.uses_h_prev if settings.uses_h_prev is not None else bool(has_h_prev.any())
         ctx = step_context(
@@ -671,10 +680,10 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
                 f"{self.config.text_config.model_type!r} backbone ran through the recurrent attention (backbone "
                 f"attn_implementation={self.backbone.config._attn_implementation!r})"
             )
-        pooled = self.recurrence.pool(hidden_states[1:], real, self.config)  # the layer outputs
+        pooled = self.recurrence.pool(hidden_states[1:], real, positions, self.config)  # the layer outputs
         attentions = None
         if settings.output_attentions:
-            attentions = step_attentions(ctx, slot_valid, real, num_new, settings.window_size)
+            attentions = step_attentions(ctx, slot_valid, real, num_new, settings.window_size, slots)
         all_hidden = tuple(h[:, -num_new:] for h in hidden_states) if settings.output_hidden_states else None
         head = settings.step_head(result, targets) if settings.step_head is not None else None
         return _StepOutput(
@@ -715,21 +724,22 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         output = RecurrentDecoderModelOutput(last_hidden_state=run.results(), **run.outputs(use_cache))
         return output if return_dict is not False else output.to_tuple()
 
-    def _h_prev_key_value(self, h_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`h_prev`'s key and value at the insertion layer, (batch, kv_head, 1, head_dim) each, as a step computes
-        them; what a fixed-shape state keeps for a whole window (`FixedShapeWindowCache.h_prev_key_value`)."""
+    def _h_prev_key_value(self, h_prev: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """`h_prev`'s key and value at each reading layer, by layer, (batch, kv_head, memory_slots, head_dim) each, as
+        a step computes them; what a fixed-shape state keeps for a whole window
+        (`FixedShapeWindowCache.h_prev_key_value`)."""
         return h_prev_key_value(self.backbone, self.config, h_prev)
 
     def _next_h_prev(self, state: RecurrentDecoderState) -> torch.Tensor:
-        """(batch, hidden) the `h_prev` of each row's next window: its current window's summary through the FFN
-        (zeros instead of the summary for the control arm, `recurrence_input="zeros"`)."""
+        """(batch, memory_slots, hidden) the `h_prev` of each row's next window: its current window's summary through
+        the FFN (zeros instead of the summary for the control arm, `recurrence_input="zeros"`)."""
         summary = state.window_summary()
         if self.config.recurrence_input == "zeros":
             summary = torch.zeros_like(summary)
         k = self.config.bptt_windows
         if k is not None and self.training:
             # Windows 1..k+1, k+2..2k+2, ... form the runs gradient may cross; cut at the window before each run.
-            cut = (state.window_index % (k + 1) == 0)[:, None]
+            cut = (state.window_index % (k + 1) == 0)[:, None, None]
             summary = torch.where(cut, summary.detach(), summary)
         return self.recurrence(summary.to(state.h_prev.dtype))
 

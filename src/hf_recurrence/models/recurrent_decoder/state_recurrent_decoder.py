@@ -47,7 +47,7 @@ from transformers.generation import CompileConfig
 from transformers.utils import ModelOutput
 
 from .configuration_recurrent_decoder import RecurrentDecoderConfig
-from .step_recurrent_decoder import _StepSettings
+from .step_recurrent_decoder import _StepSettings, merge_pooled
 
 
 # transformers 5.24 renamed `past_key_values` to `cache`: the forward argument, the output field and what generate()
@@ -73,6 +73,11 @@ def _gather_slots(tensor: torch.Tensor, index: torch.Tensor, dim: int) -> torch.
     return tensor.gather(dim, expanded)
 
 
+def _pooled_slots(config: RecurrentDecoderConfig) -> int:
+    """How many pooled states a window's summary has: one per memory slot with softmax pooling, else the one mean."""
+    return config.memory_slots if config.pools_by_softmax else 1
+
+
 def _cache_geometry(text_config: PreTrainedConfig) -> dict[str, int]:
     """The sizes of the per-layer key/value cache a state holds for a backbone with `text_config`."""
     heads = text_config.num_attention_heads
@@ -84,8 +89,11 @@ def _cache_geometry(text_config: PreTrainedConfig) -> dict[str, int]:
     }
 
 
-# Bumped whenever the tensors or the header of a saved state change meaning; a reader refuses other versions.
-STATE_FILE_FORMAT_VERSION = 1
+# Bumped whenever the tensors or the header of a saved state change meaning; a reader refuses versions it cannot read.
+# Version 2: the memory's slots (`h_prev` (batch, memory_slots, hidden), the pooled weights and references); a
+# version 1 file (one slot, the mean) is read as the same state in version 2's shapes.
+STATE_FILE_FORMAT_VERSION = 2
+READABLE_STATE_FILE_VERSIONS = (1, 2)
 # The safetensors metadata key whose JSON value describes a saved state.
 _STATE_HEADER_KEY = "hf_recurrence_state"
 
@@ -177,12 +185,29 @@ def _read_state_file(
         raise ValueError(
             f"{path} holds a state of the {header.get('family')!r} family; this model family is {family!r}"
         )
-    if header.get("format_version") != STATE_FILE_FORMAT_VERSION:
+    if header.get("format_version") not in READABLE_STATE_FILE_VERSIONS:
         raise ValueError(
             f"{path} was written in state file format version {header.get('format_version')!r}; this version of "
-            f"hf_recurrence reads version {STATE_FILE_FORMAT_VERSION} only"
+            f"hf_recurrence reads versions {READABLE_STATE_FILE_VERSIONS} only"
         )
     return tensors, header
+
+
+def _with_memory_slots(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state's tensors in the layout of memory slots: those of a state written before them (file format version 1,
+    or a copy of the class from then: one slot, `h_prev` and `pooled_sum` (batch, hidden), no pooled weights) as the
+    same state with one slot, whose pooled weight is the window's token count; other tensors as they are."""
+    h_prev, pooled_sum, fill = tensors.get("h_prev"), tensors.get("pooled_sum"), tensors.get("fill")
+    if "pooled_weight" in tensors or h_prev is None or h_prev.dim() != 2 or pooled_sum is None or fill is None:
+        return tensors
+    count = fill.to(torch.float32)[:, None]  # (batch, 1)
+    return {
+        **tensors,
+        "h_prev": h_prev[:, None],
+        "pooled_sum": pooled_sum[:, None],
+        "pooled_weight": count,
+        "pooled_reference": torch.zeros_like(count),
+    }
 
 
 # The largest count a state holds: positions and counters become int64 tensors.
@@ -206,6 +231,12 @@ def _check_finite(tensors: dict[str, torch.Tensor], source: object) -> None:
     for name, tensor in tensors.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise ValueError(f"{source} has non-finite values (NaN or inf) in {name!r}")
+
+
+def _recorded_model_shape(header: dict) -> object:
+    """The model shape a state's header records; a state from before memory slots had one."""
+    shape = header.get("model_shape")
+    return {"memory_slots": 1, **shape} if isinstance(shape, dict) else shape
 
 
 def _check_state_model_shape(found: dict, expected: dict, source: object) -> None:
@@ -236,8 +267,10 @@ class RecurrentDecoderState:
     - `keys[i]`, `values[i]`: `(batch, kv_heads, slots, head_dim)` key/value cache of layer `i` for the current
       window, as the layer's attention received them (rotated, normed); padding slots are marked in `slot_valid`,
     - `fill`: `(batch,)` real tokens in the current window, and `window_index`: `(batch,)` windows completed,
-    - `pooled_sum`: `(batch, hidden)` float32 running sum of the layer-weighted hidden states of the current window,
-    - `h_prev`: `(batch, hidden)` the summary of the previous window that the current one sees,
+    - `pooled_sum`, `pooled_weight`, `pooled_reference`: `(batch, p, hidden)`, `(batch, p)`, `(batch, p)` float32,
+      the current window's states pooled so far (p = 1 for the mean, `memory_slots` with softmax pooling; see
+      `RecurrentDecoderRecurrence.pool`),
+    - `h_prev`: `(batch, memory_slots, hidden)` the memory of the previous window that the current one sees,
     - `overlap_embeds`: `(batch, window_overlap, hidden)` token embeddings of the last `window_overlap` real tokens,
       which the next window re-reads, with `overlap_valid`: `(batch, window_overlap)`.
 
@@ -265,11 +298,15 @@ class RecurrentDecoderState:
     fixed_shape = False
     compile_config: CompileConfig | None = None
 
+    # The float32 tensors of the current window's pooled states, which keep their dtype when the state is cast.
+    _POOLED = ("pooled_sum", "pooled_weight", "pooled_reference")
     _BATCH_TENSORS = (
         "slot_valid",
         "fill",
         "window_index",
         "pooled_sum",
+        "pooled_weight",
+        "pooled_reference",
         "h_prev",
         "overlap_embeds",
         "overlap_valid",
@@ -298,8 +335,11 @@ class RecurrentDecoderState:
         self.slot_valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
         self.fill = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.window_index = torch.zeros(batch_size, dtype=torch.long, device=device)
-        self.pooled_sum = torch.zeros(batch_size, hidden, device=device, dtype=torch.float32)
-        self.h_prev = torch.zeros(batch_size, hidden, device=device, dtype=dtype)
+        pooled = _pooled_slots(config)
+        self.pooled_sum = torch.zeros(batch_size, pooled, hidden, device=device, dtype=torch.float32)
+        self.pooled_weight = torch.zeros(batch_size, pooled, device=device, dtype=torch.float32)
+        self.pooled_reference = torch.zeros(batch_size, pooled, device=device, dtype=torch.float32)
+        self.h_prev = torch.zeros(batch_size, config.memory_slots, hidden, device=device, dtype=dtype)
         self.overlap_embeds = torch.zeros(batch_size, window_overlap, hidden, device=device, dtype=dtype)
         self.overlap_valid = torch.zeros(batch_size, window_overlap, dtype=torch.bool, device=device)
         self.seen_tokens = 0
@@ -314,7 +354,7 @@ class RecurrentDecoderState:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The dtype of the model this state runs with (its float tensors but the float32 pooled sum)."""
+        """The dtype of the model this state runs with (its float tensors but the float32 pooled ones)."""
         return self.h_prev.dtype
 
     @property
@@ -349,7 +389,7 @@ class RecurrentDecoderState:
     def reset(self) -> "RecurrentDecoderState":
         """Forget everything: the next token starts a fresh first window. Returns `self`."""
         self._empty_cache()
-        for name in ("fill", "window_index", "pooled_sum", "h_prev", "overlap_embeds", "overlap_valid"):
+        for name in ("fill", "window_index", *self._POOLED, "h_prev", "overlap_embeds", "overlap_valid"):
             setattr(self, name, torch.zeros_like(getattr(self, name)))
         self.seen_tokens = 0
         self._lockstep = (0, 0)
@@ -358,10 +398,11 @@ class RecurrentDecoderState:
     def to(
         self, device: torch.device | str | None = None, dtype: torch.dtype | None = None
     ) -> "RecurrentDecoderState":
-        """Move to `device`; floating tensors other than the float32 pooled sum are cast to `dtype`. Returns `self`."""
+        """Move to `device`; floating tensors other than the float32 pooled ones are cast to `dtype`. Returns `self`."""
+        pooled = [getattr(self, name) for name in self._POOLED]
 
         def move(t: torch.Tensor) -> torch.Tensor:
-            cast = dtype if dtype is not None and t.is_floating_point() and t is not self.pooled_sum else None
+            cast = dtype if dtype is not None and t.is_floating_point() and not any(t is p for p in pooled) else None
             return t.to(device=device, dtype=cast)
 
         return self._map(move)
@@ -388,7 +429,7 @@ class RecurrentDecoderState:
         with the weights that produced it; that is not checked.
         """
         tensors, header = _read_state_file(path, cls._family, device)
-        _check_state_model_shape(header.get("model_shape"), cls._config_model_shape(config), path)
+        _check_state_model_shape(_recorded_model_shape(header), cls._config_model_shape(config), path)
         return cls._from_file_contents(config, tensors, header, path)
 
     @classmethod
@@ -419,7 +460,7 @@ class RecurrentDecoderState:
             )
         tensors, header = state._file_contents()
         source = f"the {type(state).__module__} state"
-        _check_state_model_shape(header.get("model_shape"), cls._config_model_shape(config), source)
+        _check_state_model_shape(_recorded_model_shape(header), cls._config_model_shape(config), source)
         return cls._from_file_contents(config, tensors, header, source)
 
     def next_step(self, real: torch.Tensor) -> tuple[torch.Tensor | None, int, int]:
@@ -457,24 +498,33 @@ class RecurrentDecoderState:
         self._lockstep = None
 
     def start_windows(self, starting: torch.Tensor, h_prev: torch.Tensor) -> None:
-        """Begin a new window in the `starting` rows ((batch,) bool): it sees `h_prev` ((batch, hidden), the summary
-        of the window they close; other rows' values are ignored) and starts with an empty cache."""
+        """Begin a new window in the `starting` rows ((batch,) bool): it sees `h_prev` ((batch, memory_slots, hidden),
+        the memory of the window they close; other rows' values are ignored) and starts with an empty cache."""
         if self._lockstep is not None:
             # Every row starts: no per-row selection, and the cache empties without being read.
             self.h_prev = h_prev.to(torch.promote_types(h_prev.dtype, self.h_prev.dtype))  # as torch.where would
-            self.pooled_sum = torch.zeros_like(self.pooled_sum)
+            self._clear_pooled()
             self.window_index = self.window_index + 1
             self.fill = torch.zeros_like(self.fill)
             self._empty_cache()
             self._lockstep = (0, self._lockstep[1] + 1)
             return
         rows = starting[:, None]
-        self.h_prev = torch.where(rows, h_prev, self.h_prev)
-        self.pooled_sum = torch.where(rows, torch.zeros_like(self.pooled_sum), self.pooled_sum)
+        self.h_prev = torch.where(rows[:, :, None], h_prev, self.h_prev)
+        self._clear_pooled(starting)
         self.window_index = self.window_index + starting.long()
         self.fill = torch.where(starting, torch.zeros_like(self.fill), self.fill)
         self.slot_valid = self.slot_valid & ~rows
         self._compact()
+
+    def _clear_pooled(self, rows: torch.Tensor | None = None) -> None:
+        """Forget the pooled states of the `rows` ((batch,) bool; None: every row), whose new window begins."""
+        for name in self._POOLED:
+            pooled = getattr(self, name)
+            if rows is None:
+                setattr(self, name, torch.zeros_like(pooled))
+            else:
+                setattr(self, name, pooled.masked_fill(rows.view(-1, *[1] * (pooled.dim() - 1)), 0))
 
     def begin_documents(self, rows: torch.Tensor) -> None:
         """Forget the text of the `rows` ((batch,) bool): their next token starts a new document in a first window
@@ -498,18 +548,21 @@ class RecurrentDecoderState:
         keys: list[torch.Tensor],
         values: list[torch.Tensor],
         step_real: torch.Tensor,
-        pooled: torch.Tensor,
+        pooled: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
         new_embeds: torch.Tensor,
         new_real: torch.Tensor,
     ) -> None:
         """Record a step: every layer's cache of the current window, the step's real-token mask `step_real`
-        (batch, cols) (any re-read overlap, then the new columns), the layer-weighted sum of its hidden states
-        `pooled` (batch, hidden), and the new columns' embeddings (batch, new, hidden) and mask (batch, new)."""
+        (batch, cols) (any re-read overlap, then the new columns), its share of the window's pooled states `pooled`
+        (see `RecurrentDecoderRecurrence.pool`), and the new columns' embeddings (batch, new, hidden) and mask
+        (batch, new)."""
         self._record_cache(keys, values, step_real)
         self.fill = self.fill + step_real.sum(1)
         if self._lockstep is not None:
             self._lockstep = (self._lockstep[0] + step_real.shape[1], self._lockstep[1])
-        self.pooled_sum = self.pooled_sum + pooled
+        self.pooled_sum, self.pooled_weight, self.pooled_reference = merge_pooled(
+            (self.pooled_sum, self.pooled_weight, self.pooled_reference), pooled
+        )
         self._remember_overlap(new_embeds, new_real)
         self.seen_tokens += new_real.shape[1]
 
@@ -523,8 +576,9 @@ class RecurrentDecoderState:
             self._compact()
 
     def window_summary(self) -> torch.Tensor:
-        """(batch, hidden) float32: each row's layer-weighted hidden states averaged over its current window."""
-        return self.pooled_sum / self.fill.clamp(min=1)[:, None]
+        """(batch, p, hidden) float32: each row's current window pooled, the mean (p = 1) or per slot."""
+        # A weight is the count of the window's tokens (mean) or at least 1 once a token is pooled (softmax).
+        return self.pooled_sum / self.pooled_weight.clamp(min=1)[..., None]
 
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "RecurrentDecoderState":
         self.keys = [fn(k) for k in self.keys]
@@ -568,7 +622,7 @@ class RecurrentDecoderState:
         """The backbone and sizes of a model that a state belongs to, as a saved state records them (a named
         family's states, saved before the core, do not record their one backbone)."""
         backbone = {"backbone": config.text_config.model_type} if cls._family == RecurrentDecoderState._family else {}
-        return {**backbone, **_cache_geometry(config.text_config)}
+        return {**backbone, **_cache_geometry(config.text_config), "memory_slots": config.memory_slots}
 
     def _file_contents(self) -> tuple[dict[str, torch.Tensor], dict]:
         """Every tensor by name and the header that lets `_from_file_contents` rebuild the state."""
@@ -593,7 +647,8 @@ class RecurrentDecoderState:
             "layers": len(self.keys),
             "key_value_heads": key.shape[1],
             "head_dim": key.shape[3],
-            "hidden_size": self.h_prev.shape[1],
+            "hidden_size": self.h_prev.shape[2],
+            "memory_slots": self.h_prev.shape[1],
         }
 
     @classmethod
@@ -601,6 +656,7 @@ class RecurrentDecoderState:
         cls, config: RecurrentDecoderConfig, tensors: dict[str, torch.Tensor], header: dict, source: object
     ) -> "RecurrentDecoderState":
         """The state that `_file_contents` described, checked tensor by tensor against a fresh one's shapes."""
+        tensors = _with_memory_slots(tensors)
         window_size = _header_int(header, "window_size", source, minimum=1)
         window_overlap = _header_int(header, "window_overlap", source)
         seen_tokens = _header_int(header, "seen_tokens", source)
@@ -745,21 +801,21 @@ class FixedShapeWindowCache:
         # A bound on every row's fill known on the host (None: not known), so that a compiled single-token step knows
         # without reading the device that no row begins a window in it; the compiled steps raise it by one each.
         self._fill_bound: int | None = None
-        # (h_prev, the model, h_prev's key, its value) at the model's insertion layer: fixed for a whole window.
-        self._h_prev_kv: tuple[torch.Tensor, weakref.ref, torch.Tensor, torch.Tensor] | None = None
+        # (h_prev, the model, h_prev's key and value at each of the model's reading layers): fixed for a whole window.
+        self._h_prev_kv: tuple[torch.Tensor, weakref.ref, dict[int, tuple[torch.Tensor, torch.Tensor]]] | None = None
         # The model whose eager call last checked this state (inputs, config, shapes): its compiled single-token
         # calls trust that check instead of repeating it per token (see `RecurrentDecoderGenerationMixin._decode_token`
         # and `mark_checked`).
         self._checked_by: weakref.ref | None = None
 
-    def h_prev_key_value(self, model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-        """`h_prev`'s key and value at `model`'s insertion layer, (batch, kv_heads, 1, head_dim) each: computed when
-        `h_prev` changed (every change binds a new tensor: `start_windows`, `reset`, `to`, `reorder_cache`), else
-        kept. They hold the weights of the call that computed them: meant for a text read with fixed weights."""
+    def h_prev_key_value(self, model: nn.Module) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """`h_prev`'s key and value at each of `model`'s reading layers, by layer, (batch, kv_heads, memory_slots,
+        head_dim) each: computed when `h_prev` changed (every change binds a new tensor: `start_windows`, `reset`,
+        `to`, `reorder_cache`), else kept. They hold the weights of the call that computed them: meant for a text read with fixed weights."""
         cached = self._h_prev_kv
         if cached is None or cached[0] is not self.h_prev or cached[1]() is not model:
-            cached = self._h_prev_kv = (self.h_prev, weakref.ref(model), *model._h_prev_key_value(self.h_prev))
-        return cached[2], cached[3]
+            cached = self._h_prev_kv = (self.h_prev, weakref.ref(model), model._h_prev_key_value(self.h_prev))
+        return cached[2]
 
     def step_settings(self, settings: _StepSettings) -> _StepSettings:
         """Over a fixed-shape state a step always joins `h_prev` (masked in rows whose window has none) and reads

@@ -56,23 +56,29 @@ def _attention_module(layer: nn.Module) -> nn.Module:
 
 
 def _window_attentions(
-    weights: torch.Tensor, key_valid: torch.Tensor, with_h_prev: bool, window_size: int, query_real: torch.Tensor
+    weights: torch.Tensor,
+    key_valid: torch.Tensor,
+    with_h_prev: bool,
+    window_size: int,
+    query_real: torch.Tensor,
+    memory_slots: int = 1,
 ) -> torch.Tensor:
     """One step's attention weights laid out by window position, so that every step and every call has the same
-    columns: (batch, head, queries, 1 + window_size), column 0 for `h_prev`, column 1 + j for position j of the
-    query's current window. Rows of padding queries are zero.
+    columns: (batch, head, queries, k + window_size), columns 0..k-1 for the `memory_slots` = k slots of `h_prev`,
+    column k + j for position j of the query's current window. Rows of padding queries are zero.
 
-    weights: (batch, head, queries, [1 +] keys) as the attention computed them (a leading `h_prev` column when
+    weights: (batch, head, queries, [k +] keys) as the attention computed them (k leading `h_prev` columns when
     `with_h_prev`); key_valid: (batch, keys) bool over the cached slots then the step's columns; query_real:
     (batch, queries) bool.
     """
-    token_weights = weights[..., 1:] if with_h_prev else weights
+    k = memory_slots
+    token_weights = weights[..., k:] if with_h_prev else weights
     # The valid keys of a row are exactly its current window, in order; the rest go to a column that is dropped.
     index = torch.where(key_valid, key_valid.cumsum(1) - 1, window_size)  # (batch, keys)
     index = index[:, None, None, :].expand_as(token_weights)
     by_position = token_weights.new_zeros(*token_weights.shape[:-1], window_size + 1)
     by_position = by_position.scatter_add(-1, index, token_weights)[..., :window_size]
-    h_prev_weight = weights[..., :1] if with_h_prev else weights.new_zeros(*weights.shape[:-1], 1)
+    h_prev_weight = weights[..., :k] if with_h_prev else weights.new_zeros(*weights.shape[:-1], k)
     layout = torch.cat([h_prev_weight, by_position], dim=-1)
     return layout * query_real[:, None, :, None].to(layout.dtype)
 
@@ -84,11 +90,12 @@ def _attention_masks(
     dtype: torch.dtype,
     eager: bool,
     all_real: bool | None,
+    memory_slots: int = 1,
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Masks for the ordinary layers and for the insertion layer, (batch, 1, cols, [1 +] slots + cols).
+    """Masks for the ordinary layers and for the layers that read the memory, (batch, 1, cols, [k +] slots + cols).
 
     A query sees the valid cached slots, the real step columns up to itself, and itself (so padding queries never
-    see an empty row); at the insertion layer also `h_prev` where the row has one. The plain mask is None where the
+    see an empty row); at a reading layer also the `memory_slots` = k slots of `h_prev` where the row has them. The plain mask is None where the
     attention's own causal mask is the same (no cached slots, every column real). Additive float masks for eager
     attention, boolean ones otherwise. `all_real`: whether every column is real, when known on the host.
     """
@@ -100,7 +107,7 @@ def _attention_masks(
         own = torch.eye(cols, dtype=torch.bool, device=real.device)
         new_part = (causal & real[:, None, :]) | own  # (batch, cols, cols)
         plain = torch.cat([slot_valid[:, None, :].expand(batch, cols, slots), new_part], dim=-1)[:, None]
-    h_prev_part = has_h_prev[:, None, None, None].expand(batch, 1, cols, 1)
+    h_prev_part = has_h_prev[:, None, None, None].expand(batch, 1, cols, memory_slots)
     token_part = causal.expand(batch, 1, cols, cols) if plain is None else plain
     inserted = torch.cat([h_prev_part, token_part], dim=-1)
     if eager:
@@ -121,25 +128,27 @@ class _StepContext:
     def __init__(
         self,
         *,
-        insertion_layer: int,
+        read_layers: list[int],
         h_prev: torch.Tensor | None,
-        h_prev_norm: Callable[[torch.Tensor], torch.Tensor],
-        h_prev_rotation: tuple[torch.Tensor, torch.Tensor] | None,
-        h_prev_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+        h_prev_norms: dict[int, Callable[[torch.Tensor], torch.Tensor]],
+        h_prev_rotations: dict[int, tuple[torch.Tensor, torch.Tensor] | None],
+        h_prev_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
         eager: bool = False,
         past: list[tuple[torch.Tensor, torch.Tensor] | None] = (),
         plain_mask: torch.Tensor | None = None,
         inserted_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
     ):
-        self.insertion_layer = insertion_layer
+        self.read_layers = frozenset(read_layers)
         self.eager = eager
         self.past = past
         self.plain_mask, self.inserted_mask = plain_mask, inserted_mask
-        self.h_prev, self.h_prev_norm = h_prev, h_prev_norm
-        # (cos, sin) of the h_prev key, (batch, 1, rotary_dim) each; None: unrotated (`h_prev_rope_position`).
-        self.h_prev_rotation = h_prev_rotation
-        # h_prev's key/value at the insertion layer when already known (a fixed-shape state keeps them for the whole
+        # h_prev: (batch, memory_slots, hidden); each reading layer's pre-attention norm, by layer.
+        self.h_prev, self.h_prev_norms = h_prev, h_prev_norms
+        # (cos, sin) of the h_prev keys at each reading layer, (batch, memory_slots, rotary_dim) each; None: unrotated
+        # (`h_prev_rope_position`).
+        self.h_prev_rotations = h_prev_rotations
+        # h_prev's key/value at each reading layer when already known (a fixed-shape state keeps them for the whole
         # window, see `FixedShapeWindowCache.h_prev_key_value`); None: computed from `h_prev` in the step.
         self.h_prev_kv = h_prev_kv
         self.output_attentions = output_attentions
@@ -159,16 +168,17 @@ def _inner_attention(module: nn.Module, eager: bool) -> Callable:
     return ALL_ATTENTION_FUNCTIONS["sdpa"]
 
 
-def _h_prev_key_value(module: nn.Module, ctx: _StepContext) -> tuple[torch.Tensor, torch.Tensor]:
-    """`h_prev`'s key and value at this attention module, (batch, kv_head, 1, head_dim) each, through the module's
-    own code (biases, fused qkv, per-head or full-width key norms, partial rotary): it runs on the normed `h_prev` as
-    a one-token input with the step's `h_prev` rotation, or an identity one (cos 1, sin 0), and what reaches the
-    attention interface is kept."""
-    normed = ctx.h_prev_norm(ctx.h_prev[:, None])  # (batch, 1, hidden)
-    if ctx.h_prev_rotation is not None:
-        position_embeddings = ctx.h_prev_rotation
+def _h_prev_key_value(module: nn.Module, ctx: _StepContext, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`h_prev`'s key and value at this attention module of decoder layer `layer`, (batch, kv_head, memory_slots,
+    head_dim) each, through the module's own code (biases, fused qkv, per-head or full-width key norms, partial
+    rotary): it runs on the normed slots as a `memory_slots`-token input with the step's `h_prev` rotation, or an
+    identity one (cos 1, sin 0), and what reaches the attention interface is kept."""
+    normed = ctx.h_prev_norms[layer](ctx.h_prev)  # (batch, memory_slots, hidden)
+    rotation = ctx.h_prev_rotations[layer]
+    if rotation is not None:
+        position_embeddings = rotation
     else:
-        cos = normed.new_ones(normed.shape[0], 1, module.head_dim)
+        cos = normed.new_ones(*normed.shape[:2], module.head_dim)
         position_embeddings = (cos, torch.zeros_like(cos))
     ctx.probing = True
     try:
@@ -185,19 +195,22 @@ def _h_prev_key_value(module: nn.Module, ctx: _StepContext) -> tuple[torch.Tenso
 
 
 def h_prev_rotation(
-    backbone: PreTrainedModel, config: RecurrentDecoderConfig, h_prev: torch.Tensor
+    backbone: PreTrainedModel, config: RecurrentDecoderConfig, h_prev: torch.Tensor, layer: int
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The rotation (cos, sin) of the `h_prev` key, (batch, 1, rotary_dim) each, per `h_prev_rope_position`: the
-    backbone's own rotary embedding of the insertion layer at that window position. None leaves it unrotated."""
+    """The rotation (cos, sin) of the `h_prev` keys at decoder layer `layer`, (batch, memory_slots, rotary_dim) each,
+    per `h_prev_rope_position`: the backbone's own rotary embedding of that layer, slot i at window position
+    `h_prev_rope_position - i` (the slots read like the tokens just before the window). None leaves them unrotated."""
     position = config.h_prev_rope_position
     if position is None:
         return None
     rotary = backbone.base_model.rotary_emb
-    positions = torch.full((h_prev.shape[0], 1), position, dtype=torch.long, device=h_prev.device)
+    batch, slots = h_prev.shape[:2]
+    offsets = torch.arange(slots, device=h_prev.device)
+    positions = (position - offsets).expand(batch, slots)  # (batch, memory_slots)
     kwargs = {}
     if "layer_type" in inspect.signature(rotary.forward).parameters:
         # One rotary module for several layer types, each with its own base (Gemma3: local and global layers).
-        kwargs["layer_type"] = config.text_config.layer_types[config.insertion_layer]
+        kwargs["layer_type"] = config.text_config.layer_types[layer]
     return rotary(h_prev, positions, **kwargs)
 
 
@@ -205,21 +218,22 @@ def step_context(
     backbone: PreTrainedModel,
     config: RecurrentDecoderConfig,
     h_prev: torch.Tensor | None,
-    h_prev_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    h_prev_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
     **step,
 ) -> _StepContext:
-    """The context of one step of `backbone` (the recurrent model's, with its `config`): `h_prev` (batch, hidden)
-    joins the insertion layer through that layer's pre-attention norm, its key rotated per `h_prev_rope_position`,
-    unless its key and value are given (`h_prev_kv`); None joins none. `step`: the other `_StepContext` fields."""
-    layer = _decoder_layers(backbone)[config.insertion_layer]
+    """The context of one step of `backbone` (the recurrent model's, with its `config`): the slots of `h_prev`
+    (batch, memory_slots, hidden) join every reading layer (`config.read_layers`) through that layer's pre-attention
+    norm, their keys rotated per `h_prev_rope_position`, unless their keys and values are given (`h_prev_kv`, by
+    layer); None joins none. `step`: the other `_StepContext` fields."""
+    layers = _decoder_layers(backbone)
     norm = PRE_ATTENTION_NORMS[config.text_config.model_type]
+    read_layers = config.read_layers
+    rotate = h_prev is not None and h_prev_kv is None
     return _StepContext(
-        insertion_layer=config.insertion_layer,
+        read_layers=read_layers,
         h_prev=h_prev,
-        h_prev_norm=getattr(layer, norm) if norm is not None else nn.Identity(),
-        h_prev_rotation=h_prev_rotation(backbone, config, h_prev)
-        if h_prev is not None and h_prev_kv is None
-        else None,
+        h_prev_norms={i: getattr(layers[i], norm) if norm is not None else nn.Identity() for i in read_layers},
+        h_prev_rotations={i: h_prev_rotation(backbone, config, h_prev, i) if rotate else None for i in read_layers},
         h_prev_kv=h_prev_kv,
         **step,
     )
@@ -227,21 +241,25 @@ def step_context(
 
 def h_prev_key_value(
     backbone: PreTrainedModel, config: RecurrentDecoderConfig, h_prev: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`h_prev`'s key and value at the insertion layer of `backbone`, (batch, kv_head, 1, head_dim) each, as a step
-    computes them (`_h_prev_key_value`): the same code on the same tensors, so the same values."""
-    layer = _decoder_layers(backbone)[config.insertion_layer]
-    return _h_prev_key_value(_attention_module(layer), step_context(backbone, config, h_prev))
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """`h_prev`'s key and value at every reading layer of `backbone`, by layer, (batch, kv_head, memory_slots,
+    head_dim) each, as a step computes them (`_h_prev_key_value`): the same code on the same tensors, so the same
+    values."""
+    layers = _decoder_layers(backbone)
+    ctx = step_context(backbone, config, h_prev)
+    return {i: _h_prev_key_value(_attention_module(layers[i]), ctx, i) for i in config.read_layers}
 
 
 def step_attentions(
-    ctx: _StepContext, slot_valid: torch.Tensor, real: torch.Tensor, num_new: int, window_size: int
+    ctx: _StepContext, slot_valid: torch.Tensor, real: torch.Tensor, num_new: int, window_size: int, memory_slots: int
 ) -> tuple[torch.Tensor, ...]:
     """Every layer's attention weights of a step's `num_new` new columns, laid out by window position (see
     `_window_attentions`); `slot_valid` (batch, slots) and `real` (batch, cols) as the step's masks had them."""
     key_valid = torch.cat([slot_valid, real], dim=1)  # (batch, slots + cols)
     return tuple(
-        _window_attentions(weights[:, :, -num_new:], key_valid, inserting, window_size, real[:, -num_new:])
+        _window_attentions(
+            weights[:, :, -num_new:], key_valid, inserting, window_size, real[:, -num_new:], memory_slots
+        )
         for weights, inserting in (ctx.weights[i] for i in range(len(ctx.weights)))
     )
 
@@ -255,9 +273,9 @@ def recurrent_attention(
     recurrence: _StepContext | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The attention interface `recurrent_sdpa` / `recurrent_eager`: keys/values are `[h_prev] + cached window +
-    step columns` (batch, kv_head, [1 +] slots + cols, head_dim); the backbone's own mask is ignored (it builds
-    none under these names) for the step's per-row masks."""
+    """The attention interface `recurrent_sdpa` / `recurrent_eager`: keys/values are `[h_prev slots] + cached window
+    + step columns` (batch, kv_head, [memory_slots +] slots + cols, head_dim), the slots at the layers that read the
+    memory; the backbone's own mask is ignored (it builds none under these names) for the step's per-row masks."""
     ctx = recurrence
     if ctx is None:
         raise RuntimeError(
@@ -275,11 +293,11 @@ def recurrent_attention(
         value = torch.cat([ctx.past[i][1], value], dim=2)
     ctx.keys[i], ctx.values[i] = key, value
     mask = ctx.plain_mask
-    inserting = i == ctx.insertion_layer and ctx.h_prev is not None
+    inserting = i in ctx.read_layers and ctx.h_prev is not None
     if inserting:
-        # Inside the layer's forward, where FSDP2 has gathered the layer's weights. h_prev is one extra key/value
-        # per kv head only: it never becomes a query, so the outputs stay one per token.
-        h_key, h_value = ctx.h_prev_kv if ctx.h_prev_kv is not None else _h_prev_key_value(module, ctx)
+        # Inside the layer's forward, where FSDP2 has gathered the layer's weights. h_prev's slots are extra
+        # keys/values per kv head only: they never become queries, so the outputs stay one per token.
+        h_key, h_value = ctx.h_prev_kv[i] if ctx.h_prev_kv is not None else _h_prev_key_value(module, ctx, i)
         key, value, mask = torch.cat([h_key, key], dim=2), torch.cat([h_value, value], dim=2), ctx.inserted_mask
     output, weights = _inner_attention(module, ctx.eager)(module, query, key, value, mask, **kwargs)
     if ctx.output_attentions:
@@ -302,44 +320,129 @@ def _activation_name(text_config: PreTrainedConfig) -> str:
 
 
 class RecurrentDecoderRecurrence(nn.Module):
-    """The paper's recurrence module: softmax-normalised layer weights and the feed-forward network to `h_prev`."""
+    """The recurrence module: the paper's softmax-normalised layer weights and feed-forward network to `h_prev`, and
+    the memory's writer beyond the paper (`memory_slots` slots, each pooling the window with a learned query and a
+    learned bias over window positions), all of them absent or zero at the paper's settings."""
 
     def __init__(self, config: RecurrentDecoderConfig):
         super().__init__()
         text = config.text_config
+        hidden = text.hidden_size
         # alpha of paper Eq. 1, one logit per layer output
         self.layer_weight_logits = nn.Parameter(torch.zeros(text.num_hidden_layers))
-        sizes = [text.hidden_size, *config.recurrence_hidden_sizes]
+        sizes = [hidden, *config.recurrence_hidden_sizes]
         layers: list[nn.Module] = []
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
             layers += [nn.Linear(fan_in, fan_out), ACT2FN[_activation_name(text)]]
-        layers.append(nn.Linear(sizes[-1], text.hidden_size))
+        layers.append(nn.Linear(sizes[-1], hidden))
         self.ffn = nn.Sequential(*layers)
+        slots = config.memory_slots
+        if config.memory_pooling == "attention":
+            # One query per slot over the window's states; zero at first, so that each slot starts as the mean.
+            self.memory_queries = nn.Parameter(torch.zeros(slots, hidden))
+        if config.memory_position_bias:
+            # A score per slot and window position, zero at first: a slot can learn to read "the last tokens".
+            self.memory_position_bias = nn.Parameter(torch.zeros(slots, config.window_size))
+        if slots > 1:
+            # Added to each slot's pooled state before the network, so that slots pooled alike still differ (and
+            # their queries get different gradients); random at first, unlike the zero queries and biases.
+            self.slot_embeddings = nn.Parameter(torch.zeros(slots, hidden))
 
     def layer_weights(self) -> torch.Tensor:
         return torch.softmax(self.layer_weight_logits.float(), dim=0)  # (num_hidden_layers,)
 
     def pool(
+        self,
+        layer_states: tuple[torch.Tensor, ...],
+        real: torch.Tensor,
+        positions: torch.Tensor,
+        config: RecurrentDecoderConfig,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One step's share of the window's pooled states, which the state merges over a window (`merge_pooled`) and
+        `window_summary` normalises: `(total, weight, reference)`, float32 each.
+
+        With the paper's mean (`config.pools_by_softmax` false): total (batch, 1, hidden) the sum of the source states
+        over the step's real columns, weight (batch, 1) their count, reference None. With softmax pooling, per slot:
+        total (batch, k, hidden) the states weighted by `exp(score - reference)`, weight (batch, k) those weights'
+        sum, reference (batch, k) the step's highest score (0 in a row without real columns), so nothing overflows.
+
+        layer_states: every layer's output, the last after the final norm, (batch, cols, hidden) each; real:
+        (batch, cols) bool; positions: (batch, cols) each column's position in its window.
+        """
+        if not config.pools_by_softmax:
+            return self._mean_total(layer_states, real, config), real.sum(1, keepdim=True).float(), None
+        states = self._source_states(layer_states, config)  # (batch, cols, hidden)
+        batch, cols, hidden = states.shape
+        scores = states.new_zeros(batch, cols, config.memory_slots)
+        if config.memory_pooling == "attention":
+            scores = scores + states @ self.memory_queries.float().T / hidden**0.5
+        if config.memory_position_bias:
+            scores = scores + self.memory_position_bias.float().T[positions]  # (batch, cols, k)
+        scores = scores.masked_fill(~real[:, :, None], float("-inf"))
+        # Softmax pooling does not depend on the reference, so no gradient flows through it.
+        reference = scores.detach().amax(1)  # (batch, k)
+        reference = torch.where(torch.isfinite(reference), reference, torch.zeros_like(reference))
+        weights = torch.exp(scores - reference[:, None])  # (batch, cols, k), 0 at padding
+        return weights.transpose(1, 2) @ states, weights.sum(1), reference
+
+    def _mean_total(
         self, layer_states: tuple[torch.Tensor, ...], real: torch.Tensor, config: RecurrentDecoderConfig
     ) -> torch.Tensor:
-        """(batch, hidden) float32: the layer-weighted sum of a step's hidden states over its real columns, which the
-        state adds up over a window (`window_summary` divides by the window's tokens). layer_states: every layer's
-        output, the last after the final norm, (batch, cols, hidden) each; real: (batch, cols) bool."""
+        """(batch, 1, hidden) float32: the source states summed over the real columns."""
+        if config.memory_source == "last_layer":
+            return real.float()[:, None, :] @ layer_states[-1].float()
         # Each layer's share is one batched product: (batch, 1, cols) weights of the real columns times (batch, cols,
         # hidden) states, accumulated into (batch, 1, hidden).
         real_weights = self.layer_weights()[:, None, None, None] * real.float()[None, :, None, :]
         batch, _, hidden = layer_states[0].shape
         pooled = torch.zeros(batch, 1, hidden, device=layer_states[0].device)
+        for i, states in enumerate(layer_states):
+            pooled = torch.baddbmm(pooled, real_weights[i], self._normalized(states.float(), config))
+        return pooled
+
+    def _source_states(self, layer_states: tuple[torch.Tensor, ...], config: RecurrentDecoderConfig) -> torch.Tensor:
+        """(batch, cols, hidden) float32: what the memory pools, the layer-weighted mix or the final layer."""
+        if config.memory_source == "last_layer":
+            return layer_states[-1].float()
+        weights = self.layer_weights()
+        mixed = weights[0] * self._normalized(layer_states[0].float(), config)
+        for weight, states in zip(weights[1:], layer_states[1:], strict=True):
+            mixed = mixed + weight * self._normalized(states.float(), config)
+        return mixed
+
+    @staticmethod
+    def _normalized(states: torch.Tensor, config: RecurrentDecoderConfig) -> torch.Tensor:
+        """Each token's states at unit RMS where `normalize_pooled_states` asks for it, else as they are."""
+        if not config.normalize_pooled_states:
+            return states
         eps = getattr(config.text_config, "rms_norm_eps", None) or 1e-6
-        for i, layer in enumerate(layer_states):
-            states = layer.float()
-            if config.normalize_pooled_states:
-                states = states * torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + eps)
-            pooled = torch.baddbmm(pooled, real_weights[i], states)
-        return pooled[:, 0]
+        return states * torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + eps)
 
     def forward(self, window_summary: torch.Tensor) -> torch.Tensor:
-        return self.ffn(window_summary)  # (batch, hidden)
+        """(batch, memory_slots, hidden) `h_prev` from the window's (batch, 1 or memory_slots, hidden) summary."""
+        slots = self.slot_embeddings.shape[0] if hasattr(self, "slot_embeddings") else 1
+        if slots > 1:
+            window_summary = window_summary.expand(-1, slots, -1) + self.slot_embeddings.to(window_summary.dtype)
+        batch, _, hidden = window_summary.shape
+        # As (rows, hidden): the paper's one slot runs the network exactly as on a (batch, hidden) summary.
+        return self.ffn(window_summary.reshape(batch * slots, hidden)).view(batch, slots, hidden)
+
+
+def merge_pooled(
+    pooled: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    step: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A window's pooled `(total, weight, reference)` so far (see `RecurrentDecoderRecurrence.pool`) with one more
+    step's: softmax pooling rescales both to the higher reference, as streaming softmax does; the mean adds up."""
+    total, weight, reference = pooled
+    step_total, step_weight, step_reference = step
+    if step_reference is None:
+        return total + step_total, weight + step_weight, reference
+    # A row that has pooled nothing yet (weight 0) has no reference: the step's is taken.
+    merged = torch.where(weight > 0, torch.maximum(reference, step_reference), step_reference)  # (batch, k)
+    # At most 1 each (clamped where the row had pooled nothing, whose total and weight are 0 anyway).
+    old, new = torch.exp((reference - merged).clamp(max=0)), torch.exp(step_reference - merged)
+    return total * old[..., None] + step_total * new[..., None], weight * old + step_weight * new, merged
 
 
 @dataclass
@@ -349,8 +452,9 @@ class _StepOutput:
     result: torch.Tensor | None
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
-    # (batch, hidden) float32 layer-weighted sum over the step's real positions; None once the state has added it
-    pooled: torch.Tensor | None
+    # The step's share of the window's pooled states, (total, weight, reference) (see
+    # `RecurrentDecoderRecurrence.pool`); None once the state has merged it
+    pooled: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None
     all_hidden: tuple[torch.Tensor, ...] | None  # embedding output and every layer's, (batch, new, hidden) each
     head: torch.Tensor | None  # what step_head returned (the window's loss)
     attentions: tuple[torch.Tensor, ...] | None  # per layer, (batch, head, new, 1 + window_size)
@@ -358,7 +462,7 @@ class _StepOutput:
     def flat(self) -> tuple[torch.Tensor | None, ...]:
         return (
             self.result,
-            self.pooled,
+            *(self.pooled or (None, None, None)),
             self.head,
             *self.keys,
             *self.values,
@@ -368,12 +472,12 @@ class _StepOutput:
 
     @classmethod
     def from_flat(cls, flat: tuple[torch.Tensor | None, ...], num_layers: int, settings: "_StepSettings"):
-        result, pooled, head = flat[:3]
-        keys, values = list(flat[3 : 3 + num_layers]), list(flat[3 + num_layers : 3 + 2 * num_layers])
-        rest = flat[3 + 2 * num_layers :]
+        result, *pooled, head = flat[:5]
+        keys, values = list(flat[5 : 5 + num_layers]), list(flat[5 + num_layers : 5 + 2 * num_layers])
+        rest = flat[5 + 2 * num_layers :]
         all_hidden = rest[: num_layers + 1] if settings.output_hidden_states else None
         attentions = rest[-num_layers:] if settings.output_attentions else None
-        return cls(result, keys, values, pooled, all_hidden, head, attentions)
+        return cls(result, keys, values, tuple(pooled), all_hidden, head, attentions)
 
     @property
     def carries_nothing(self) -> bool:

@@ -27,6 +27,7 @@ STATE_NAME = "cache" if isinstance(getattr(ModelOutput, "past_key_values", None)
 
 # Bumped whenever the tensors or the header of a saved state change meaning; a reader refuses other versions.
 STATE_FILE_FORMAT_VERSION = 1
+READABLE_STATE_FILE_VERSIONS = (1,)
 # The safetensors metadata key whose JSON value describes a saved state.
 _STATE_HEADER_KEY = "hf_recurrence_state"
 
@@ -123,10 +124,10 @@ def _read_state_file(
         raise ValueError(
             f"{path} holds a state of the {header.get('family')!r} family; this model family is {family!r}"
         )
-    if header.get("format_version") != STATE_FILE_FORMAT_VERSION:
+    if header.get("format_version") not in READABLE_STATE_FILE_VERSIONS:
         raise ValueError(
             f"{path} was written in state file format version {header.get('format_version')!r}; this version of "
-            f"hf_recurrence reads version {STATE_FILE_FORMAT_VERSION} only"
+            f"hf_recurrence reads versions {READABLE_STATE_FILE_VERSIONS} only"
         )
     return tensors, header
 
@@ -154,6 +155,13 @@ def _check_finite(tensors: dict[str, torch.Tensor], source: object) -> None:
     for name, tensor in tensors.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise ValueError(f"{source} has non-finite values (NaN or inf) in {name!r}")
+
+
+# Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder._recorded_model_shape
+def _recorded_model_shape(header: dict) -> object:
+    """The model shape a state's header records; a state from before memory slots had one."""
+    shape = header.get("model_shape")
+    return {"memory_slots": 1, **shape} if isinstance(shape, dict) else shape
 
 
 # Copied from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder._check_state_model_shape
@@ -393,7 +401,7 @@ class TransformerXLState:
         with the weights that produced it; that is not checked.
         """
         tensors, header = _read_state_file(path, cls._family, device)
-        _check_state_model_shape(header.get("model_shape"), cls._config_model_shape(config), path)
+        _check_state_model_shape(_recorded_model_shape(header), cls._config_model_shape(config), path)
         return cls._from_file_contents(config, tensors, header, path)
 
     def _file_contents(self) -> tuple[dict[str, torch.Tensor], dict]:
@@ -491,7 +499,7 @@ class TransformerXLState:
             )
         tensors, header = state._file_contents()
         source = f"the {type(state).__module__} state"
-        _check_state_model_shape(header.get("model_shape"), cls._config_model_shape(config), source)
+        _check_state_model_shape(_recorded_model_shape(header), cls._config_model_shape(config), source)
         return cls._from_file_contents(config, tensors, header, source)
 
     def __repr__(self) -> str:
