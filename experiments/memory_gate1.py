@@ -3,7 +3,8 @@
 window, each arm with its zero-input twin and read with swapped earlier windows (`hf_recurrence.experiments.
 memory_gates` describes the task, the arms and the controls; `docs/experiments/memory_gates.md` the results).
 
-Run (under an hour on one CPU thread; resumable: each finished run is saved to the result file at once, and a rerun
+Run (about 55 CPU-minutes on one thread, sized from a pilot: key recall 400 steps, the goal's budget; 4-pair recall
+600, what the rest of the hour allows; resumable: each finished run is saved to the result file at once, and a rerun
 with the same flags skips the runs it holds):
 
     python experiments/memory_gate1.py
@@ -61,7 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--key-layers", type=int, default=2)
     parser.add_argument("--num-keys", type=int, default=8, help="keys of the key-recall task (chance 1/num_keys)")
     parser.add_argument("--associative-window-size", type=int, default=32)
-    parser.add_argument("--associative-steps", type=int, default=400)
+    parser.add_argument("--associative-steps", type=int, default=600)
     parser.add_argument("--associative-layers", type=int, default=4)
     parser.add_argument("--associative-keys", type=int, default=16)
     parser.add_argument("--num-values", type=int, default=16, help="values of the 4-pair task (chance 1/num_values)")

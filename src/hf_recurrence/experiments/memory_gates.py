@@ -89,7 +89,7 @@ def plan_gate1(
     key_layers: int = 2,
     num_keys: int = 8,
     associative_window_size: int = 32,
-    associative_steps: int = 400,
+    associative_steps: int = 600,
     associative_layers: int = 4,
     associative_keys: int = 16,
     num_values: int = 16,
