@@ -121,12 +121,13 @@ def gate_plan(args: argparse.Namespace) -> list[dict]:
     return json.loads(json.dumps(plan))
 
 
-def recorded_runs(args: argparse.Namespace, plan: list[dict]) -> tuple[dict[str, dict], list[dict]]:
-    """The finished runs and the sessions the result file holds, checked to be runs of this plan with its settings;
+def recorded_runs(args: argparse.Namespace, plan: list[dict]) -> tuple[dict[str, dict], dict | None]:
+    """The finished runs the result file holds, checked to be runs of this plan with its settings, and the file;
     none with `--fresh` or without a file."""
     if args.fresh or not args.output_json.exists():
-        return {}, []
-    values = json.loads(args.output_json.read_text()).get("values", {})
+        return {}, None
+    recorded = json.loads(args.output_json.read_text())
+    values = recorded.get("values", {})
     planned = {p["id"]: p for p in plan}
     runs = {record["id"]: record for record in values.get("runs", [])}
     for run_id, record in runs.items():
@@ -139,7 +140,7 @@ def recorded_runs(args: argparse.Namespace, plan: list[dict]) -> tuple[dict[str,
                 f"{args.output_json} holds {run_id} with other settings ({record['kwargs']}): rerun with its flags, "
                 "or --fresh"
             )
-    return runs, values.get("sessions", [])
+    return runs, recorded
 
 
 def save(
@@ -150,9 +151,11 @@ def save(
     sessions: list[dict],
     *,
     final: bool,
+    kept: dict | None = None,
 ) -> None:
     """Write the result file: every run so far, the tables, the goals' verdicts; quietly and atomically while runs are
-    left, printed (and the plot drawn) at the end of this invocation."""
+    left, printed (and the plot drawn) at the end of this invocation. `kept`: the recorded file of a rerun that
+    trained nothing, whose command, date and machine (those of the sessions that ran) are kept."""
     records = [runs[p["id"]] for p in plan if p["id"] in runs]
     finished = len(records) == len(plan)
     goals = gate1_goals(
@@ -197,7 +200,7 @@ def save(
             if records
             else "No run finished yet."
         ],
-        "goals": [goal["line"] for goal in goals],
+        "goals": [f"- {goal['line']}" for goal in goals],
     }
     values = {"finished": finished, "plan": plan, "runs": records, "sessions": sessions, "goals": goals}
     tables = result_tables(plan, records)
@@ -205,7 +208,10 @@ def save(
         if records:
             plot_curves(plan, records, args.plot)
             print(f"wrote {args.plot}")
-        bench.write_results(args, machine, tables, values, text, plot=str(args.plot))
+        result = bench.write_results(args, machine, tables, values, text, plot=str(args.plot))
+        if kept is not None:
+            result |= {name: kept[name] for name in ("command", "date", "note", "machine")}
+            args.output_json.write_text(json.dumps(result, indent=2) + "\n")
         return
     partial = argparse.Namespace(
         **{**vars(args), "output_json": args.output_json.with_name(args.output_json.name + ".partial")}
@@ -222,19 +228,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
     device, dtype = bench.device_and_dtype(args)
     machine = bench.describe_machine(device, dtype)
     plan = gate_plan(args)
-    runs, sessions = recorded_runs(args, plan)
-    sessions = [
-        *sessions,
-        {
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine["description"],
-            "runs_recorded_at_start": len(runs),
-        },
-    ]
+    runs, recorded = recorded_runs(args, plan)
+    sessions = recorded["values"].get("sessions", []) if recorded else []
     todo = [p for p in plan if p["id"] not in runs]
     print(
         f"gate 1: {len(plan)} runs planned, {len(plan) - len(todo)} recorded in {args.output_json}, {len(todo)} to run",
         flush=True,
+    )
+    if not todo and recorded is not None:
+        # Nothing to train: the tables, goals and plot are made again from the runs, under the sessions that ran.
+        save(args, machine, plan, runs, sessions, final=True, kept=recorded)
+        return [runs[p["id"]] for p in plan]
+    sessions.append(
+        {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": machine["description"],
+            "runs_recorded_at_start": len(runs),
+        }
     )
     started = time.perf_counter()
     for index, planned in enumerate(plan, 1):

@@ -255,6 +255,13 @@ def test_the_script_records_each_run_and_a_rerun_resumes(tmp_path):
     assert set(recorded["tables"]) == {"key_recall", "associative_recall", "curves"}
     assert len(recorded["text"]["goals"]) == 3
     assert output.with_suffix(".png").exists()
+    # A rerun with every run recorded trains nothing and keeps the sessions that ran, their date and machine.
+    third = run_script(EXPERIMENTS / "memory_gate1.py", *arguments, "--arms", "paper", "zero_input")
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert "4 runs planned, 4 recorded" in third.stdout and "): training" not in third.stdout
+    again = json.loads(output.read_text())
+    assert again["values"]["runs"] == runs and again["values"]["sessions"] == recorded["values"]["sessions"]
+    assert (again["date"], again["machine"]) == (recorded["date"], recorded["machine"])
     # Runs recorded with other settings are not mixed in: the rerun is refused.
     other = run_script(EXPERIMENTS / "memory_gate1.py", *arguments, "--arms", "paper", "--lr", "0.001")
     assert other.returncode == 1 and "with other settings" in other.stderr

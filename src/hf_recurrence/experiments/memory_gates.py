@@ -317,7 +317,7 @@ def gate1_goals(
     else:
         reached = all(accuracy_at(r, goal_steps) >= 0.95 for r in attention)
         premise = all(accuracy_at(r, goal_steps) <= 0.3 for r in paper)
-        firsts = ", ".join(str(first_step_reaching(r, 0.95)) for r in attention)
+        firsts = ", ".join(str(first_step_reaching(r, 0.95) or "never") for r in attention)
         line = (
             f"{'PASS' if reached and premise else 'FAIL'}: {name}. Attention at step {goal_steps}: "
             f"{_values(attention, step=goal_steps)} (first step >= 0.95: {firsts}); mean pooling: "
