@@ -1,6 +1,7 @@
 """Corpora read from the machine, long books fetched by package managers, offline tokenizers, training blocks, and
-the synthetic tasks (inductive generalization, key recall)."""
+the synthetic tasks (inductive generalization, key recall, associative recall)."""
 
+from .associative_recall import AssociativeVocab, make_associative_batch
 from .blocks import TokenBlocks, WindowedBlocksCollator, token_stream
 from .books import (
     AUSTEN_SHA256,
@@ -61,6 +62,7 @@ __all__ = [
     "END_OF_TEXT",
     "NSP_TASKS",
     "STDLIB_SPLITS",
+    "AssociativeVocab",
     "Book",
     "NumberSequenceDataset",
     "RecallVocab",
@@ -82,6 +84,7 @@ __all__ = [
     "labelled_at_every_position",
     "little_endian_digits",
     "logits_to_predictions",
+    "make_associative_batch",
     "make_recall_batch",
     "max_sequence_length",
     "minilm_tokenizer",

@@ -4,6 +4,7 @@ pretrain` run, and the experiments the scripts in the repository's `experiments/
 - `reproduction`: the paper's comparison on the embedded default GPT-2 (the project's main job);
 - `book_reproduction`: the paper's claim on a real pretrained decoder (SmolLM2, Gemma 3) and Jane Austen's novels;
 - `key_recall`: does the recurrence carry information across windows (the task is `hf_recurrence.data.key_recall`);
+- `memory_gates`: which memory settings carry a key, or several bound facts, across windows (issue 39's gate 1);
 - `memory_gate2`: the memory's gate 2, the planted-name probe as a training task on a pretrained decoder with LoRA
   (the task is `hf_recurrence.data.fact_probe`);
 - `pretraining`: the embedded default GPT-2 that `reproduction` starts from;

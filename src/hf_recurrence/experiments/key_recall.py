@@ -2,6 +2,11 @@
 """Does the recurrence carry information? The key-recall task (`hf_recurrence.data.key_recall`): a recurrent GPT-2
 against the same GPT-2 without it. `experiments/recurrence_recall.py` runs it over seeds and prints the table.
 
+The same code runs the associative-recall task (`hf_recurrence.data.associative_recall`, `task="associative"`: several
+key-value pairs, one asked) and any memory setting of the recurrence (`memory`: `RecurrentGPT2Config` fields such as
+`memory_slots`, `memory_pooling` or `recurrence_input="zeros"`, the zero-input control); `memory_gates` runs the
+memory's gates on them.
+
 Task (`hf_recurrence.data.key_recall`). The key is only in the window before the answer, so only the one-vector
 summary `h_prev` of that window, which the recurrent GPT-2 sees as an extra key/value at block `insertion_layer`, can
 carry it to the query.
@@ -27,11 +32,13 @@ in under a hundred.
 """
 
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from ..data.associative_recall import AssociativeVocab, make_associative_batch
 from ..data.key_recall import RecallVocab, make_recall_batch, swap_earlier_windows, to_independent_windows
 from ..models.recurrent_decoder import RecurrentGPT2Config, RecurrentGPT2LMHeadModel
 
@@ -46,13 +53,22 @@ MODEL_SETTINGS = (
     "recurrence_hidden_sizes",
     "initializer_range",
     "seed",
+    "memory",
 )
+
+# The recurrence fields `build_models` sets itself; `memory` may set any other of `RecurrentGPT2Config`'s.
+BUILT_SETTINGS = ("window_size", "window_overlap", "insertion_layer", "recurrence_hidden_sizes", "bptt_windows")
+
+TASKS = ("key", "associative")
+
+# A batch of a task: (batch_size, generator) -> (input_ids, labels, answers).
+Batches = Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 def build_models(
     *,
     window_size: int,
-    vocab: RecallVocab,
+    vocab: RecallVocab | AssociativeVocab,
     n_layer: int,
     n_embd: int,
     n_head: int,
@@ -60,8 +76,24 @@ def build_models(
     recurrence_hidden_sizes: list[int],
     initializer_range: float,
     seed: int,
+    memory: dict | None = None,
 ) -> tuple[RecurrentGPT2LMHeadModel, GPT2LMHeadModel]:
-    """A tiny recurrent GPT-2 and a stock GPT-2 with the same config and the same initial weights (copies)."""
+    """A tiny recurrent GPT-2 and a stock GPT-2 with the same config and the same initial weights (copies).
+
+    `memory`: further recurrence fields of the recurrent model's config (`RecurrentGPT2Config.family_settings`,
+    e.g. `{"memory_slots": 4, "memory_pooling": "attention"}` or `{"recurrence_input": "zeros"}`); none (the
+    default) is the paper's recurrence. A name that is not such a field is refused: a config would keep it as an
+    inert attribute, and the run would silently be the paper's.
+    """
+    memory = dict(memory or {})
+    unknown = sorted(set(memory) - (set(RecurrentGPT2Config.family_settings) - set(BUILT_SETTINGS)))
+    if unknown:
+        raise ValueError(
+            f"memory: {unknown} not recurrence settings this experiment leaves open; those are "
+            f"{sorted(set(RecurrentGPT2Config.family_settings) - set(BUILT_SETTINGS))}"
+        )
+    # The toys never generate: the special tokens only need ids in range (key recall: its query token).
+    special = vocab.size - 1
     common = {
         "vocab_size": vocab.size,
         "n_positions": window_size,
@@ -72,8 +104,8 @@ def build_models(
         "resid_pdrop": 0.0,
         "embd_pdrop": 0.0,
         "attn_pdrop": 0.0,
-        "bos_token_id": vocab.query,
-        "eos_token_id": vocab.query,
+        "bos_token_id": special,
+        "eos_token_id": special,
     }
     torch.manual_seed(seed)
     recurrent = RecurrentGPT2LMHeadModel(
@@ -84,6 +116,7 @@ def build_models(
             insertion_layer=insertion_layer,
             recurrence_hidden_sizes=list(recurrence_hidden_sizes),
             bptt_windows=None,  # full backpropagation through time
+            **memory,
         )
     )
     baseline = GPT2LMHeadModel(GPT2Config(**common))
@@ -107,16 +140,26 @@ def recall_loss(
 
 @torch.no_grad()
 def recall_accuracy(
-    model: nn.Module, recurrent: bool, window_size: int, ids: torch.Tensor, keys: torch.Tensor
+    model: nn.Module,
+    recurrent: bool,
+    window_size: int,
+    ids: torch.Tensor,
+    keys: torch.Tensor,
+    chunk_size: int = 256,
 ) -> float:
-    """Fraction of rows whose argmax prediction at the query position (second-to-last token) is `keys`."""
+    """Fraction of rows whose argmax prediction at the query position (second-to-last token) is `keys` (the
+    answers), read `chunk_size` rows at a time (rows are independent: the same result, less memory)."""
     model.eval()
-    if recurrent:
-        logits = model(ids, use_cache=False).logits  # (batch, length, vocab)
-    else:
-        logits = model(to_independent_windows(ids, window_size), use_cache=False).logits
-        logits = logits.reshape(ids.shape[0], -1, logits.shape[-1])  # back to (batch, length, vocab)
-    return (logits[:, -2].argmax(-1) == keys).float().mean().item()
+    correct = 0
+    for start in range(0, ids.shape[0], chunk_size):
+        chunk = ids[start : start + chunk_size]
+        if recurrent:
+            logits = model(chunk, use_cache=False).logits  # (batch, length, vocab)
+        else:
+            logits = model(to_independent_windows(chunk, window_size), use_cache=False).logits
+            logits = logits.reshape(chunk.shape[0], -1, logits.shape[-1])  # back to (batch, length, vocab)
+        correct += (logits[:, -2].argmax(-1) == keys[start : start + chunk_size]).sum().item()
+    return correct / ids.shape[0]
 
 
 def train(
@@ -127,29 +170,69 @@ def train(
     batch_size: int,
     lr: float,
     window_size: int,
-    num_windows: int,
-    vocab: RecallVocab,
+    batches: Batches,
     data_seed: int,
+    eval_every: int | None = None,
+    evaluate: Callable[[int], None] | None = None,
 ) -> tuple[float, float]:
-    """AdamW with linear warmup and decay on fresh batches of the task. Returns (final-step loss, seconds)."""
+    """AdamW with linear warmup and decay on fresh batches of the task (`batches(batch_size, generator)`).
+
+    With `eval_every`, `evaluate(step)` is called before the first step and after every `eval_every` steps (and
+    after the last), the model then back in training mode. Returns (final-step loss, seconds of training, evaluation
+    excluded).
+    """
     generator = torch.Generator().manual_seed(data_seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warmup = max(1, steps // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup)))
     )
+    evaluating = 0.0
+
+    def checkpoint(step: int) -> None:
+        nonlocal evaluating
+        if evaluate is not None and eval_every and (step % eval_every == 0 or step == steps):
+            started = time.perf_counter()
+            evaluate(step)
+            model.train()
+            evaluating += time.perf_counter() - started
+
     model.train()
     start = time.perf_counter()
     loss = torch.tensor(float("nan"))
-    for _ in range(steps):
-        ids, labels, _ = make_recall_batch(batch_size, window_size, vocab, num_windows, generator)
+    checkpoint(0)
+    for step in range(1, steps + 1):
+        ids, labels, _ = batches(batch_size, generator)
         loss = recall_loss(model, recurrent, window_size, ids.to(model.device), labels.to(model.device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-    return loss.item(), time.perf_counter() - start
+        checkpoint(step)
+    return loss.item(), time.perf_counter() - start - evaluating
+
+
+def task_data(
+    task: str, *, window_size: int, num_windows: int, num_keys: int, num_filler: int, num_values: int, num_pairs: int
+) -> tuple[RecallVocab | AssociativeVocab, Batches, float]:
+    """The vocabulary, the batches and the chance accuracy of `task`: "key" (`make_recall_batch`: one of `num_keys`
+    keys) or "associative" (`make_associative_batch`: `num_pairs` pairs of `num_keys` keys and `num_values` values)."""
+    if task == "key":
+        key_vocab = RecallVocab(num_filler=num_filler, num_keys=num_keys)
+
+        def key_batches(batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+            return make_recall_batch(batch_size, window_size, key_vocab, num_windows, generator)
+
+        return key_vocab, key_batches, 1.0 / num_keys
+    if task == "associative":
+        pairs_vocab = AssociativeVocab(num_filler=num_filler, num_keys=num_keys, num_values=num_values)
+
+        def pairs_batches(batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+            return make_associative_batch(batch_size, window_size, pairs_vocab, num_windows, generator, num_pairs)
+
+        return pairs_vocab, pairs_batches, 1.0 / num_values
+    raise ValueError(f"task must be one of {TASKS}, got {task!r}")
 
 
 def run_recall_experiment(
@@ -171,6 +254,13 @@ def run_recall_experiment(
     eval_size: int = 2048,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
+    task: str = "key",
+    num_values: int = 16,
+    num_pairs: int = 4,
+    memory: dict | None = None,
+    baseline: bool = True,
+    eval_every: int | None = None,
+    curve_size: int | None = None,
 ) -> dict:
     """Train the recurrent GPT-2 and its no-recurrence baseline on the recall task; score both on held-out data.
 
@@ -179,6 +269,13 @@ def run_recall_experiment(
     `baseline_accuracy`, `swapped_accuracy` (the recurrent model with every row's earlier windows taken from another
     row, scored against the row's own key), `chance` (= 1 / num_keys), the final training losses and seconds, and
     `settings`.
+
+    `task="associative"` runs the associative-recall task instead (`num_pairs` pairs of `num_keys` keys and
+    `num_values` values; chance 1 / num_values); `memory` sets the recurrent model's memory (see `build_models`);
+    `baseline=False` trains the recurrent model alone (no `baseline_*` entries). With `eval_every`, the recurrent
+    model is also scored on the first `curve_size` held-out rows (default: all) before training and every
+    `eval_every` steps: `recurrent_curve`, a list of `{"step", "accuracy"}`, and `recurrent_eval_seconds`, the time
+    those scores took.
     """
     settings = {
         "steps": steps,
@@ -196,28 +293,56 @@ def run_recall_experiment(
         "recurrence_hidden_sizes": list(recurrence_hidden_sizes),
         "initializer_range": initializer_range,
         "eval_size": eval_size,
+        "task": task,
+        **({"num_values": num_values, "num_pairs": num_pairs} if task == "associative" else {}),
+        "memory": dict(memory or {}),
+        **({"eval_every": eval_every, "curve_size": curve_size or eval_size} if eval_every else {}),
     }
-    vocab = RecallVocab(num_filler=num_filler, num_keys=num_keys)
+    vocab, batches, chance = task_data(
+        task,
+        window_size=window_size,
+        num_windows=num_windows,
+        num_keys=num_keys,
+        num_filler=num_filler,
+        num_values=num_values,
+        num_pairs=num_pairs,
+    )
     # Built from the recorded settings themselves, so that what results.json says is what ran.
-    recurrent, baseline = build_models(vocab=vocab, **{name: settings[name] for name in MODEL_SETTINGS})
-    recurrent, baseline = recurrent.to(device, dtype), baseline.to(device, dtype)
+    recurrent, stock = build_models(vocab=vocab, **{name: settings[name] for name in MODEL_SETTINGS})
+    recurrent, stock = recurrent.to(device, dtype), stock.to(device, dtype)
     # Held-out evaluation data from a stream the training batches never use.
     eval_generator = torch.Generator().manual_seed(seed + 1_000_003)
-    eval_ids, _, eval_keys = make_recall_batch(eval_size, window_size, vocab, num_windows, eval_generator)
+    eval_ids, _, eval_keys = batches(eval_size, eval_generator)
     eval_ids, eval_keys = eval_ids.to(device), eval_keys.to(device)
     train_kwargs = {
         "steps": steps,
         "batch_size": batch_size,
         "lr": lr,
         "window_size": window_size,
-        "num_windows": num_windows,
-        "vocab": vocab,
+        "batches": batches,
         "data_seed": seed,
     }
-    result: dict = {"chance": 1.0 / num_keys, "settings": settings}
-    for name, model, is_recurrent in (("recurrent", recurrent, True), ("baseline", baseline, False)):
-        loss, seconds = train(model, is_recurrent, **train_kwargs)
-        result[f"{name}_accuracy"] = recall_accuracy(model, is_recurrent, window_size, eval_ids, eval_keys)
+    result: dict = {"chance": chance, "settings": settings}
+    curve: list[dict] = []
+    started = time.perf_counter()
+
+    curve_rows = slice(0, curve_size or eval_size)
+
+    def evaluate(step: int) -> None:
+        accuracy = recall_accuracy(recurrent, True, window_size, eval_ids[curve_rows], eval_keys[curve_rows])
+        curve.append({"step": step, "accuracy": accuracy})
+
+    arms = [("recurrent", recurrent, True)] + ([("baseline", stock, False)] if baseline else [])
+    for name, model, is_recurrent in arms:
+        scoring = {"eval_every": eval_every, "evaluate": evaluate} if is_recurrent and eval_every else {}
+        loss, seconds = train(model, is_recurrent, **train_kwargs, **scoring)
+        if scoring:
+            result["recurrent_curve"] = curve
+            result["recurrent_eval_seconds"] = time.perf_counter() - started - seconds
+        if scoring and (curve_size or eval_size) >= eval_size:  # the curve's last point: the same rows, scored
+            result[f"{name}_accuracy"] = curve[-1]["accuracy"]
+        else:
+            result[f"{name}_accuracy"] = recall_accuracy(model, is_recurrent, window_size, eval_ids, eval_keys)
         result[f"{name}_final_loss"] = loss
         result[f"{name}_train_seconds"] = seconds
     swapped_ids = swap_earlier_windows(eval_ids, window_size)

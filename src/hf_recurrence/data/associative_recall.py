@@ -1,0 +1,92 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The associative-recall task: can a recurrence carry several facts, each bound to its key, to the next window?
+
+Every sequence is `num_windows` windows of `window_size` tokens, without overlap. The window before the last holds
+`num_pairs` key-value pairs (a key token immediately followed by its value token) at uniformly random, non-overlapping
+positions among random filler tokens; within a row the keys are distinct and so are the values. The last window is
+fresh filler, then one of those keys (the query, chosen uniformly among the row's pairs) at its position
+`window_size - 2`, then that key's value as the sequence's final token. Only that final token is labelled, so the one
+prediction trained and scored is the value, made at the query key. Within its own window the query never sees the
+pairs: only what the model carries across windows can. Chance is `1 / num_values`; a memory that carries which values
+occurred but not which key each belongs to reaches about `1 / num_pairs`.
+
+`hf_recurrence.experiments.key_recall` trains models on it (`task="associative"`); the swap control of the key-recall
+task (`swap_earlier_windows`) applies unchanged.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AssociativeVocab:
+    """Token ids of the task: fillers `[0, num_filler)`, then `num_keys` keys, then `num_values` values."""
+
+    num_filler: int
+    num_keys: int
+    num_values: int
+
+    @property
+    def key_offset(self) -> int:
+        return self.num_filler
+
+    @property
+    def value_offset(self) -> int:
+        return self.num_filler + self.num_keys
+
+    @property
+    def size(self) -> int:
+        return self.num_filler + self.num_keys + self.num_values
+
+
+def make_associative_batch(
+    batch_size: int,
+    window_size: int,
+    vocab: AssociativeVocab,
+    num_windows: int = 2,
+    generator: torch.Generator | None = None,
+    num_pairs: int = 4,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One batch of the associative-recall task.
+
+    Returns `input_ids` and `labels`, both `(batch_size, num_windows * window_size)`, and the answers `(batch_size,)`
+    (the value of each row's query key). The pairs sit in window `num_windows - 2`; the last window is filler, then
+    the query key at its position `window_size - 2`, then the answer at `window_size - 1`. `labels` is -100 everywhere
+    except that last position, which holds the answer (predicted, after the usual shift, at the query key). The
+    arguments are `make_recall_batch`'s, `num_pairs` added last.
+    """
+    if num_windows < 2:
+        raise ValueError(f"num_windows must be at least 2, got {num_windows}")
+    if num_pairs < 1:
+        raise ValueError(f"num_pairs must be at least 1, got {num_pairs}")
+    if window_size < max(3, 2 * num_pairs):
+        raise ValueError(
+            f"window_size must be at least 3 and hold {num_pairs} pairs (2 tokens each), got {window_size}"
+        )
+    if num_pairs > min(vocab.num_keys, vocab.num_values):
+        raise ValueError(
+            f"num_pairs={num_pairs} needs as many distinct keys and values; the vocab has {vocab.num_keys} keys and "
+            f"{vocab.num_values} values"
+        )
+    length = num_windows * window_size
+    rows = torch.arange(batch_size)[:, None]
+    ids = torch.randint(0, vocab.num_filler, (batch_size, length), generator=generator)
+    # Distinct keys and values per row: the first `num_pairs` of a random permutation of each.
+    keys = vocab.key_offset + torch.rand(batch_size, vocab.num_keys, generator=generator).argsort(-1)[:, :num_pairs]
+    values = (
+        vocab.value_offset + torch.rand(batch_size, vocab.num_values, generator=generator).argsort(-1)[:, :num_pairs]
+    )
+    # Non-overlapping pair starts, uniform over all arrangements: `num_pairs` sorted distinct numbers from
+    # `[0, window_size - num_pairs)`, the i-th moved right by i (each pair before it takes one more token).
+    starts = torch.rand(batch_size, window_size - num_pairs, generator=generator).argsort(-1)[:, :num_pairs]
+    starts = starts.sort(-1).values + torch.arange(num_pairs) + (num_windows - 2) * window_size
+    ids[rows, starts] = keys
+    ids[rows, starts + 1] = values
+    query = torch.randint(0, num_pairs, (batch_size,), generator=generator)
+    answers = values[torch.arange(batch_size), query]
+    ids[:, -2] = keys[torch.arange(batch_size), query]
+    ids[:, -1] = answers
+    labels = torch.full_like(ids, -100)
+    labels[:, -1] = answers
+    return ids, labels, answers
