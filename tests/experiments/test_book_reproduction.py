@@ -221,7 +221,7 @@ def test_fan_in_init_keeps_the_pooled_windows_scale_through_the_recurrence_ffn()
     model = book_reproduction.recurrent_arm(
         stock, window_size=8, insertion_layer=1, recurrence_hidden_sizes=[512, 512]
     )
-    summaries = torch.randn(4096, 256)  # unit-RMS pooled windows
+    summaries = torch.randn(4096, 1, 256)  # unit-RMS pooled windows, (batch, 1 pooled state, hidden)
     with torch.no_grad():
         before = model.recurrence(summaries)
         book_reproduction.fan_in_init_(model.recurrence)
