@@ -113,6 +113,25 @@ class ModelArguments:
         default=None,
         metadata={"help": "window (the paper) or zeros (the control: a learned constant h_prev) (recurrent_gpt2)."},
     )
+    memory_slots: int | None = field(
+        default=None, metadata={"help": "Memory slots h_prev carries (recurrent_gpt2). Default: 1, the paper's."}
+    )
+    memory_pooling: str | None = field(
+        default=None,
+        metadata={"help": "mean (the paper) or attention (a learned query per slot) (recurrent_gpt2)."},
+    )
+    memory_position_bias: bool | None = field(
+        default=None,
+        metadata={"help": "A learned per-slot bias over window positions in the pooling (recurrent_gpt2)."},
+    )
+    memory_source: str | None = field(
+        default=None,
+        metadata={"help": "layer_mix (the paper) or last_layer: what the memory pools (recurrent_gpt2)."},
+    )
+    memory_read_layers: list[int] | None = field(
+        default=None,
+        metadata={"help": "The layers that read the slots (recurrent_gpt2). Default: the insertion layer."},
+    )
     use_lora: bool = field(
         default=False,
         metadata={
