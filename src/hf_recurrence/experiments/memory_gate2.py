@@ -30,7 +30,7 @@ from ..data import token_stream
 from ..data.books import austen_split
 from ..data.fact_probe import CURRICULUM_REACHES, FactProbe, FactProbeCurriculum, fact_scores
 from ..evaluation.statistics import paired_bootstrap
-from ..models import RecurrentDecoderConfig
+from ..models.recurrent_decoder import RecurrentDecoderConfig
 from ..outputs import UsageError, write_atomically
 from .book_reproduction import (
     BookReproductionSettings,
