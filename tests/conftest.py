@@ -15,6 +15,7 @@ import tempfile
 from urllib.parse import urlsplit
 
 import pytest
+import torch
 
 from .hub.server import HubServer
 
@@ -75,3 +76,13 @@ def gpt2_dir(tmp_path):
     GPT2LMHeadModel(GPT2Config(**{**TINY_GPT2, "vocab_size": len(tokenizer)})).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def one_thread():
+    """Torch on one intra-op thread for the test: its matrices are tiny, and on 2 busy cores 2 threads are several
+    times slower than one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

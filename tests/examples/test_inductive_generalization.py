@@ -32,12 +32,8 @@ def load(path, name):
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """The models are tiny: on 2 busy cores the session's 2 intra-op threads made these runs several times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_thread):
+    """The models are tiny: every test here runs on one thread (the shared `one_thread` fixture)."""
 
 
 @pytest.fixture(scope="module")

@@ -6,19 +6,7 @@ recurrence output masked out (a stock `GPT2LMHeadModel` with the same initial we
 own) stays at chance, and the trained recurrent model falls to chance when its earlier window comes from another row.
 """
 
-import pytest
-import torch
-
 from hf_recurrence.experiments.key_recall import run_recall_experiment
-
-
-@pytest.fixture
-def one_thread():
-    """The matrices are tiny: on 2 busy cores, 2 intra-op threads made this run ~10x slower than one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_recurrence_carries_the_key_to_the_next_window(one_thread):

@@ -22,15 +22,6 @@ from hf_recurrence.experiments.memory_gates import (
 from ..scripts import EXPERIMENTS, run_script, written
 
 
-@pytest.fixture
-def one_thread():
-    """The matrices are tiny: on 2 busy cores, 2 intra-op threads are slower than one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 TINY = {
     "batch_size": 64,
     "lr": 2e-3,
