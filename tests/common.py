@@ -342,3 +342,23 @@ def assert_cache_implementation_is_refused(model, implementation: str, tmp_path:
     assert reloaded.generation_config.cache_implementation == implementation
     with pytest.raises(ValueError, match="generation_config.json"):
         reloaded.generate(prompt, max_new_tokens=3, do_sample=False)
+
+
+def assert_left_padded_rows_equal_the_rows_alone(model, tokens: torch.Tensor) -> torch.Tensor:
+    """Row 1 of `tokens` (batch 2) left-padded by 5: each row's logits equal the row read alone. Returns the mask."""
+    mask = torch.ones_like(tokens)
+    mask[1, :5] = 0
+    with torch.no_grad():
+        padded = model(tokens, attention_mask=mask).logits
+        torch.testing.assert_close(padded[0], model(tokens[:1]).logits[0])
+        torch.testing.assert_close(padded[1, 5:], model(tokens[1:, 5:]).logits[0])
+    return mask
+
+
+def loss_and_gradients(model, tokens: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """The training loss on `tokens` and every parameter's gradient, with the same dropout masks at every call."""
+    torch.manual_seed(3)
+    model.zero_grad()
+    loss = model(tokens, labels=labels).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

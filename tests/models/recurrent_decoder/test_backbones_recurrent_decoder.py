@@ -14,7 +14,13 @@ from hf_recurrence.models.recurrent_decoder.configuration_recurrent_decoder impo
     rotary_refusal_reason,
 )
 
-from ...common import ACROSS_KERNELS, attentions_and_hidden_states, chunked_logits, greedy_loop
+from ...common import (
+    ACROSS_KERNELS,
+    assert_left_padded_rows_equal_the_rows_alone,
+    attentions_and_hidden_states,
+    chunked_logits,
+    greedy_loop,
+)
 from ...families import BACKBONES
 from .backbones import BY_NAME, REPRESENTATIVE, by_backbone, ids
 
@@ -101,12 +107,7 @@ def test_greedy_generate_past_the_position_table_equals_an_argmax_loop(backbone,
 def test_left_padded_rows_equal_the_rows_alone(backbone):
     model, _ = backbone.models(window_overlap=2)
     tokens = ids(length=20)
-    mask = torch.ones_like(tokens)
-    mask[1, :5] = 0
-    with torch.no_grad():
-        padded = model(tokens, attention_mask=mask).logits
-        torch.testing.assert_close(padded[0], model(tokens[:1]).logits[0])
-        torch.testing.assert_close(padded[1, 5:], model(tokens[1:, 5:]).logits[0])
+    mask = assert_left_padded_rows_equal_the_rows_alone(model, tokens)
     generated = model.generate(tokens, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False)
     alone = model.generate(tokens[1:, 5:], max_new_tokens=6, min_new_tokens=6, do_sample=False)
     assert torch.equal(generated[1, -6:], alone[0, -6:])

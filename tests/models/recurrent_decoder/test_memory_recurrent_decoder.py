@@ -14,7 +14,7 @@ from transformers import CompileConfig
 from hf_recurrence import RecurrentDecoderConfig, RecurrentDecoderForCausalLM
 from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder import STATE_NAME
 
-from ...common import chunked_logits, greedy_loop
+from ...common import assert_left_padded_rows_equal_the_rows_alone, chunked_logits, greedy_loop, loss_and_gradients
 from .backbones import BY_NAME, ids
 
 
@@ -99,14 +99,7 @@ def test_greedy_generate_past_several_windows_equals_an_argmax_loop(backbone, na
 
 @pytest.mark.parametrize(("backbone", "name"), ROWS, ids=ROW_IDS)
 def test_left_padded_rows_equal_the_rows_alone(backbone, name):
-    model = memory_model(backbone, name, window_overlap=2)
-    tokens = ids(length=20)
-    mask = torch.ones_like(tokens)
-    mask[1, :5] = 0
-    with torch.no_grad():
-        padded = model(tokens, attention_mask=mask).logits
-        torch.testing.assert_close(padded[0], model(tokens[:1]).logits[0])
-        torch.testing.assert_close(padded[1, 5:], model(tokens[1:, 5:]).logits[0])
+    assert_left_padded_rows_equal_the_rows_alone(memory_model(backbone, name, window_overlap=2), ids(length=20))
 
 
 @pytest.mark.parametrize(("backbone", "name"), ROWS, ids=ROW_IDS)
@@ -152,17 +145,9 @@ def test_window_checkpointing_gives_the_same_loss_and_gradients(backbone, name):
     model = memory_model(backbone, name, window_overlap=3)
     model.train()
     tokens = ids(length=40)
-
-    def loss_and_grads():
-        torch.manual_seed(3)
-        model.zero_grad()
-        loss = model(tokens, labels=tokens).loss
-        loss.backward()
-        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-    plain_loss, plain_grads = loss_and_grads()
+    plain_loss, plain_grads = loss_and_gradients(model, tokens, tokens)
     model.activation_checkpointing_enable({"use_reentrant": False})
-    checked_loss, checked_grads = loss_and_grads()
+    checked_loss, checked_grads = loss_and_gradients(model, tokens, tokens)
     torch.testing.assert_close(checked_loss, plain_loss)
     assert checked_grads.keys() == plain_grads.keys()
     # The memory's own weights learn from the text.

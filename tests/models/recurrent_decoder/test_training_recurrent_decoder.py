@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import Trainer
 
-from ...common import RandomBlocks, tiny_training_arguments
+from ...common import RandomBlocks, loss_and_gradients, tiny_training_arguments
 from .backbones import BY_NAME, REPRESENTATIVE, by_backbone, ids
 
 
@@ -88,19 +88,12 @@ def test_window_checkpointing_gives_the_same_loss_and_gradients(backbone, overri
     labels = tokens.clone()
     labels[1, 10:14] = -100
 
-    def loss_and_grads():
-        torch.manual_seed(3)  # same dropout masks in both runs
-        model.zero_grad()
-        loss = model(tokens, labels=labels).loss
-        loss.backward()
-        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-    plain_loss, plain_grads = loss_and_grads()
+    plain_loss, plain_grads = loss_and_gradients(model, tokens, labels)
     model.activation_checkpointing_enable({"use_reentrant": use_reentrant})
     # Whole window steps are recomputed, not the stock layers inside them.
     assert model.window_step.gradient_checkpointing
     assert not any(getattr(m, "gradient_checkpointing", False) for m in model.backbone.modules())
-    checked_loss, checked_grads = loss_and_grads()
+    checked_loss, checked_grads = loss_and_gradients(model, tokens, labels)
     torch.testing.assert_close(checked_loss, plain_loss)
     assert checked_grads.keys() == plain_grads.keys()
     for name, grad in plain_grads.items():
