@@ -51,6 +51,15 @@ COMMON_FLAGS = (
 )
 
 
+def curriculum_stage(text: str) -> list[int]:
+    """ "16:200" -> [16, 200]: a curriculum stage of 200 steps at 16-token windows."""
+    try:
+        window_size, steps = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a curriculum stage is WINDOW:STEPS, e.g. 16:200") from None
+    return [window_size, steps]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # A trained model's quality is measured: float32 on CUDA too. One thread: the matrices are tiny.
     parser = bench.benchmark_parser(__doc__, __file__, threads=1, cuda_dtype="float32", seed=False)
@@ -68,8 +77,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--num-values", type=int, default=16, help="values of the 4-pair task (chance 1/num_values)")
     parser.add_argument("--num-pairs", type=int, default=4)
     parser.add_argument("--slots", type=int, default=4, help="k of the k-slot arms")
+    parser.add_argument(
+        "--key-curriculum",
+        type=curriculum_stage,
+        nargs="+",
+        default=[],
+        metavar="WINDOW:STEPS",
+        help="key recall: train first STEPS steps on the task at WINDOW-token windows, stage after stage, within "
+        "--key-steps (a stage not shorter than a run's T is left out of that run); none by default",
+    )
+    parser.add_argument(
+        "--associative-curriculum",
+        type=curriculum_stage,
+        nargs="+",
+        default=[],
+        metavar="WINDOW:STEPS",
+        help="4-pair recall's curriculum, the same way, within --associative-steps",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument(
+        "--lr-schedule",
+        choices=["linear", "constant"],
+        default="linear",
+        help="linear: warmup over a tenth of the steps, then linear decay; constant: the peak throughout",
+    )
     parser.add_argument("--num-filler", type=int, default=32)
     parser.add_argument("--n-embd", type=int, default=64)
     parser.add_argument("--n-head", type=int, default=4)
@@ -96,6 +128,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def gate_plan(args: argparse.Namespace) -> list[dict]:
     common = {name: getattr(args, name) for name in COMMON_FLAGS}
     common |= {"num_windows": 2, "recurrence_hidden_sizes": list(args.recurrence_hidden_sizes)}
+    if args.lr_schedule != "linear":  # the default stays out of the plan: the recorded run's plan is unchanged
+        common["lr_schedule"] = args.lr_schedule
     plan = plan_gate1(
         seeds=args.seeds,
         tasks=args.tasks,
@@ -110,6 +144,8 @@ def gate_plan(args: argparse.Namespace) -> list[dict]:
         num_values=args.num_values,
         num_pairs=args.num_pairs,
         slots=args.slots,
+        key_curriculum=args.key_curriculum,
+        associative_curriculum=args.associative_curriculum,
         eval_every=args.eval_every,
         curve_size=args.curve_size,
         arms=args.arms,
@@ -141,6 +177,16 @@ def recorded_runs(args: argparse.Namespace, plan: list[dict]) -> tuple[dict[str,
                 "or --fresh"
             )
     return runs, recorded
+
+
+def describe_curricula(args: argparse.Namespace) -> str:
+    """ "; curriculum: key recall 200 steps at T=16, then the rest at the run's T": the stages, if any."""
+    parts = []
+    for task, stages in (("key recall", args.key_curriculum), ("associative recall", args.associative_curriculum)):
+        if stages:
+            staged = ", then ".join(f"{steps} steps at T={window_size}" for window_size, steps in stages)
+            parts.append(f"{task} {staged}, then the rest at the run's T (a stage not shorter than T left out)")
+    return f"; curriculum: {'; '.join(parts)}" if parts else ""
 
 
 def save(
@@ -178,6 +224,7 @@ def save(
         "num_keys",
         "num_values",
         "num_pairs",
+        "curriculum",
     )
     for name in (*planned_per_task, "eval_every", "curve_size", "eval_size"):
         settings.pop(name, None)
@@ -187,7 +234,8 @@ def save(
             f"T={'/'.join(map(str, args.key_window_sizes))}, {args.key_steps} steps, {args.key_layers} layers, "
             f"{args.num_keys} keys; associative recall: T={args.associative_window_size}, {args.associative_steps} "
             f"steps, {args.associative_layers} layers, {args.num_pairs} pairs of {args.associative_keys} keys and "
-            f"{args.num_values} values; k-slot arms k={args.slots}; seeds {', '.join(map(str, args.seeds))}. "
+            f"{args.num_values} values; k-slot arms k={args.slots}; seeds {', '.join(map(str, args.seeds))}"
+            f"{describe_curricula(args)}. "
             f"Accuracy: the argmax at the query over all {args.eval_size} held-out rows (own and swapped earlier "
             f"windows); the curves: the first {args.curve_size} of them, every {args.eval_every} steps.",
         ],

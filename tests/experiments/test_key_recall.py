@@ -6,6 +6,8 @@ recurrence output masked out (a stock `GPT2LMHeadModel` with the same initial we
 own) stays at chance, and the trained recurrent model falls to chance when its earlier window comes from another row.
 """
 
+import pytest
+
 from hf_recurrence.experiments.key_recall import run_recall_experiment
 
 
@@ -35,3 +37,25 @@ def test_recurrence_carries_the_key_to_the_next_window(one_thread):
     assert result["recurrent_accuracy"] - result["baseline_accuracy"] >= 0.6, summary
     # The answer comes from the earlier window: with another row's earlier window, the row's own key is not recalled.
     assert result["swapped_accuracy"] <= chance + 0.1, summary
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pooling", ["mean", "attention"])
+def test_after_a_curriculum_the_memory_carries_one_key_among_64_tokens(pooling, one_thread):
+    # Trained at 64-token windows from the start, every arm stays at chance (the memory gates' page); after 150
+    # steps at 8-token windows and 150 at 32, both poolings carry the key, and the zero-input twin does not.
+    settings = {
+        "steps": 400,
+        "seed": 0,
+        "window_size": 64,
+        "num_keys": 8,
+        "eval_size": 1024,
+        "baseline": False,
+        "curriculum": [(8, 150), (32, 150)],
+    }
+    trained = run_recall_experiment(**settings, memory={"memory_pooling": pooling})
+    twin = run_recall_experiment(**settings, memory={"recurrence_input": "zeros"})
+    chance = 1 / 8
+    assert trained["recurrent_accuracy"] >= 0.9, trained["recurrent_accuracy"]
+    assert trained["swapped_accuracy"] <= chance + 0.05, trained["swapped_accuracy"]
+    assert twin["recurrent_accuracy"] <= chance + 0.05, twin["recurrent_accuracy"]

@@ -8,7 +8,15 @@ import pytest
 import torch
 
 from hf_recurrence.data import swap_earlier_windows
-from hf_recurrence.experiments.key_recall import build_models, task_data
+from hf_recurrence.experiments.key_recall import (
+    Stage,
+    build_models,
+    check_curriculum,
+    learning_rate_factor,
+    recall_loss,
+    task_data,
+    train,
+)
 from hf_recurrence.experiments.memory_gates import (
     associative_arms,
     gate1_goals,
@@ -256,3 +264,115 @@ def test_the_script_records_each_run_and_a_rerun_resumes(tmp_path):
     # Runs recorded with other settings are not mixed in: the rerun is refused.
     other = run_script(EXPERIMENTS / "memory_gate1.py", *arguments, "--arms", "paper", "--lr", "0.001")
     assert other.returncode == 1 and "with other settings" in other.stderr
+
+
+# The curriculum (`run_recall_experiment(curriculum=...)`): shorter windows first, within the run's steps.
+
+
+def test_a_curriculum_stage_trains_on_its_own_window_layout_then_the_task_s(one_thread):
+    model, _ = model_of("key", 16, 2, {})
+    shapes = []
+
+    def recording(window_size: int):
+        _, batches, _ = task_data(
+            "key", window_size=window_size, num_windows=2, num_keys=8, num_filler=16, num_values=8, num_pairs=2
+        )
+
+        def draw(batch_size, generator):
+            ids, labels, answers = batches(batch_size, generator)
+            shapes.append(tuple(ids.shape))
+            return ids, labels, answers
+
+        return draw
+
+    steps_scored = []
+    train(
+        model,
+        True,
+        stages=[Stage(8, 2, recording(8)), Stage(16, 3, recording(16))],
+        batch_size=4,
+        lr=1e-3,
+        data_seed=0,
+        eval_every=2,
+        evaluate=steps_scored.append,
+    )
+    assert shapes == [(4, 16)] * 2 + [(4, 32)] * 3
+    assert steps_scored == [0, 2, 4, 5]  # counted over both stages
+
+
+def test_a_short_stage_reads_the_windows_a_model_of_that_window_size_reads(one_thread):
+    # The recurrent model of 16-token windows, given 8-token windows, computes the model built for 8-token windows.
+    long_windows, batches = model_of("key", 16, 2, {"memory_pooling": "attention"})
+    short_windows, _ = model_of("key", 8, 2, {"memory_pooling": "attention"})
+    weights = long_windows.state_dict()
+    # Positions restart in every window: the short model's position table is the long one's first 8 rows.
+    weights["backbone.transformer.wpe.weight"] = weights["backbone.transformer.wpe.weight"][:8]
+    short_windows.load_state_dict(weights)
+    _, short_batches, _ = task_data(
+        "key", window_size=8, num_windows=2, num_keys=8, num_filler=16, num_values=8, num_pairs=2
+    )
+    ids, labels, _ = short_batches(6, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        staged = recall_loss(long_windows, True, 8, ids, labels)
+        built = recall_loss(short_windows, True, 8, ids, labels)
+        whole = recall_loss(long_windows, True, 16, ids, labels)
+    torch.testing.assert_close(staged, built)
+    assert not torch.allclose(staged, whole)  # the 32 tokens as one 16-token window pair would be another input
+
+
+@pytest.mark.parametrize(
+    ("curriculum", "message"),
+    [
+        ([(32, 10)], r"stage \(32, 10\)"),
+        ([(2, 10)], r"stage \(2, 10\)"),
+        ([(8, 0)], r"stage \(8, 0\)"),
+        ([(8, 5, 1)], r"stage \(8, 5, 1\)"),
+        ([(8, 30), (12, 10)], "take 40 of steps=40"),
+    ],
+)
+def test_a_bad_curriculum_is_refused_naming_the_stage(curriculum, message):
+    with pytest.raises(ValueError, match=message):
+        check_curriculum(curriculum, 16, 40)
+
+
+def test_the_learning_rate_schedules():
+    linear = learning_rate_factor("linear", 100)
+    assert [linear(step) for step in (0, 9, 10, 55, 100)] == pytest.approx([0.1, 1.0, 1.0, 0.5, 0.0])
+    constant = learning_rate_factor("constant", 100)
+    assert {constant(step) for step in range(101)} == {1.0}
+    with pytest.raises(ValueError, match="'cosine'"):
+        learning_rate_factor("cosine", 100)
+
+
+def test_the_plan_gives_each_longer_task_the_curriculum_and_leaves_the_recorded_plan_unchanged():
+    plain = plan_gate1(seeds=[0], tasks=["key"], key_window_sizes=[16, 64], common=TINY)
+    assert all("curriculum" not in p["kwargs"] for p in plain)
+    staged = plan_gate1(
+        seeds=[0],
+        key_window_sizes=[16, 64],
+        key_curriculum=[[16, 200]],
+        associative_curriculum=[[8, 100]],
+        common=TINY,
+    )
+    by_task = {(p["task"], p["window_size"]): p["kwargs"].get("curriculum") for p in staged}
+    assert by_task == {("key", 16): None, ("key", 64): [[16, 200]], ("associative", 32): [[8, 100]]}
+    assert [{k: v for k, v in p["kwargs"].items() if k != "curriculum"} for p in staged if p["task"] == "key"] == [
+        p["kwargs"] for p in plain
+    ]
+
+
+def test_the_script_runs_a_curriculum_and_names_a_malformed_stage(tmp_path):
+    output = tmp_path / "gate1.json"
+    arguments = [
+        *("--tasks", "key", "--seeds", "0", "--key-window-sizes", "8", "--key-steps", "4", "--arms", "attention"),
+        *("--key-curriculum", "4:2", "--lr-schedule", "constant", "--eval-every", "2", "--eval-size", "32"),
+        *("--curve-size", "16", "--device", "cpu", "--output-json", str(output)),
+    ]
+    staged = run_script(EXPERIMENTS / "memory_gate1.py", *arguments)
+    assert staged.returncode == 0, staged.stderr[-2000:]
+    run = json.loads(output.read_text())["values"]["runs"][0]
+    assert (run["kwargs"]["curriculum"], run["kwargs"]["lr_schedule"]) == ([[4, 2]], "constant")
+    assert (run["settings"]["curriculum"], run["settings"]["lr_schedule"]) == ([[4, 2]], "constant")
+    assert "curriculum: key recall 2 steps at T=4" in json.loads(output.read_text())["text"]["settings"][0]
+    malformed = run_script(EXPERIMENTS / "memory_gate1.py", *arguments[:-2], "--key-curriculum", "4x2")
+    assert malformed.returncode == 2 and "'4x2': a curriculum stage is WINDOW:STEPS" in malformed.stderr

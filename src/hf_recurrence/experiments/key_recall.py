@@ -29,10 +29,17 @@ then linear decay, gradient clipping) on fresh batches, with full backpropagatio
 and no dropout. `initializer_range` is 0.1 rather than GPT-2's 0.02 (for both models): trained from scratch at 0.02,
 the cross-window path sits at chance for well over a thousand steps, while an in-window version of the task is learnt
 in under a hundred.
+
+Curriculum (`curriculum=`, off by default). At windows of 64 tokens and more, a model trained from scratch at its own
+window size stays at chance: within a few steps it learns the uniform guess over the keys, and the gradient that
+reaches the recurrence collapses (the memory gates' page, `docs/experiments/memory_gates.md`, measures it). Trained
+first on the same task at shorter windows (the key among fewer tokens; the recurrent model reads them with a state
+of that window schedule), it finds the path across windows, which then carries over to the long ones.
 """
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -61,8 +68,20 @@ BUILT_SETTINGS = ("window_size", "window_overlap", "insertion_layer", "recurrenc
 
 TASKS = ("key", "associative")
 
+LR_SCHEDULES = ("linear", "constant")
+
 # A batch of a task: (batch_size, generator) -> (input_ids, labels, answers).
 Batches = Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """`steps` training steps on `batches` of the task laid out in windows of `window_size` tokens, which the
+    recurrent model reads with a state of that window schedule (`new_state(..., window_size=)`)."""
+
+    window_size: int
+    steps: int
+    batches: Batches
 
 
 def build_models(
@@ -129,13 +148,16 @@ def build_models(
 def recall_loss(
     model: nn.Module, recurrent: bool, window_size: int, ids: torch.Tensor, labels: torch.Tensor
 ) -> torch.Tensor:
-    """The model's own causal-LM loss (`labels=`) on a batch; the baseline reads every window as its own sequence.
+    """The model's own causal-LM loss (`labels=`) on a batch laid out in windows of `window_size` tokens (the
+    config's, or shorter: a curriculum's stage); the baseline reads every window as its own sequence.
 
     Both average over the labelled positions, one per row (in the baseline, windows before the last have none).
     """
     if not recurrent:
         ids, labels = to_independent_windows(ids, window_size), to_independent_windows(labels, window_size)
-    return model(ids, labels=labels, use_cache=False).loss
+        return model(ids, labels=labels, use_cache=False).loss
+    state = model.new_state(ids.shape[0], window_size=window_size)
+    return model(ids, labels=labels, past_key_values=state, use_cache=False).loss
 
 
 @torch.no_grad()
@@ -162,31 +184,40 @@ def recall_accuracy(
     return correct / ids.shape[0]
 
 
+def learning_rate_factor(schedule: str, steps: int) -> Callable[[int], float]:
+    """Step -> the factor of the peak learning rate: "linear" warms up over the first tenth of `steps`, then decays
+    linearly to 0; "constant" keeps the peak throughout."""
+    if schedule == "constant":
+        return lambda step: 1.0
+    if schedule == "linear":
+        warmup = max(1, steps // 10)
+        return lambda step: min((step + 1) / warmup, max(0.0, (steps - step) / max(1, steps - warmup)))
+    raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {schedule!r}")
+
+
 def train(
     model: nn.Module,
     recurrent: bool,
     *,
-    steps: int,
+    stages: Sequence[Stage],
     batch_size: int,
     lr: float,
-    window_size: int,
-    batches: Batches,
     data_seed: int,
+    lr_schedule: str = "linear",
     eval_every: int | None = None,
     evaluate: Callable[[int], None] | None = None,
 ) -> tuple[float, float]:
-    """AdamW with linear warmup and decay on fresh batches of the task (`batches(batch_size, generator)`).
+    """AdamW on fresh batches of the task, stage after stage (`Stage`: a window size, its steps and its batches),
+    the learning rate following `lr_schedule` over all of the stages' steps (`learning_rate_factor`).
 
     With `eval_every`, `evaluate(step)` is called before the first step and after every `eval_every` steps (and
-    after the last), the model then back in training mode. Returns (final-step loss, seconds of training, evaluation
-    excluded).
+    after the last), counted over all stages, the model then back in training mode. Returns (final-step loss,
+    seconds of training, evaluation excluded).
     """
+    steps = sum(stage.steps for stage in stages)
     generator = torch.Generator().manual_seed(data_seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    warmup = max(1, steps // 10)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup)))
-    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_factor(lr_schedule, steps))
     evaluating = 0.0
 
     def checkpoint(step: int) -> None:
@@ -201,15 +232,18 @@ def train(
     start = time.perf_counter()
     loss = torch.tensor(float("nan"))
     checkpoint(0)
-    for step in range(1, steps + 1):
-        ids, labels, _ = batches(batch_size, generator)
-        loss = recall_loss(model, recurrent, window_size, ids.to(model.device), labels.to(model.device))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        checkpoint(step)
+    step = 0
+    for stage in stages:
+        for _ in range(stage.steps):
+            ids, labels, _ = stage.batches(batch_size, generator)
+            loss = recall_loss(model, recurrent, stage.window_size, ids.to(model.device), labels.to(model.device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            step += 1
+            checkpoint(step)
     return loss.item(), time.perf_counter() - start - evaluating
 
 
@@ -233,6 +267,22 @@ def task_data(
 
         return pairs_vocab, pairs_batches, 1.0 / num_values
     raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+
+
+def check_curriculum(curriculum: Sequence[tuple[int, ...]], window_size: int, steps: int) -> None:
+    """Raise `ValueError` naming the bad stage unless every stage is `(window_size, steps)` with a window of 3 to
+    `window_size` tokens and at least one step, and the stages leave at least one of `steps` for `window_size`."""
+    for stage in curriculum:
+        if len(stage) != 2 or not 3 <= stage[0] <= window_size or stage[1] < 1:
+            raise ValueError(
+                f"curriculum stage {stage}: must be (window_size, steps) with 3 <= window_size <= {window_size} and "
+                "steps >= 1"
+            )
+    staged = sum(stage[1] for stage in curriculum)
+    if staged >= steps:
+        raise ValueError(
+            f"curriculum: its stages take {staged} of steps={steps}, leaving none at window {window_size}"
+        )
 
 
 def run_recall_experiment(
@@ -261,6 +311,8 @@ def run_recall_experiment(
     baseline: bool = True,
     eval_every: int | None = None,
     curve_size: int | None = None,
+    curriculum: Sequence[Sequence[int]] = (),
+    lr_schedule: str = "linear",
 ) -> dict:
     """Train the recurrent GPT-2 and its no-recurrence baseline on the recall task; score both on held-out data.
 
@@ -276,7 +328,16 @@ def run_recall_experiment(
     model is also scored on the first `curve_size` held-out rows (default: all) before training and every
     `eval_every` steps: `recurrent_curve`, a list of `{"step", "accuracy"}`, and `recurrent_eval_seconds`, the time
     those scores took.
+
+    `curriculum`: `(window_size, steps)` stages trained first, each on the task laid out in windows of that size
+    (shorter than `window_size`: the key among fewer tokens, the recurrent model reading with a state of that
+    schedule); the rest of `steps` trains at `window_size`, and the scores are always at `window_size`. Both models
+    follow it. `lr_schedule`: "linear" (warmup, then linear decay) or "constant" over all `steps`.
     """
+    curriculum = [tuple(stage) for stage in curriculum]
+    check_curriculum(curriculum, window_size, steps)
+    if lr_schedule not in LR_SCHEDULES:
+        raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {lr_schedule!r}")
     settings = {
         "steps": steps,
         "seed": seed,
@@ -297,16 +358,14 @@ def run_recall_experiment(
         **({"num_values": num_values, "num_pairs": num_pairs} if task == "associative" else {}),
         "memory": dict(memory or {}),
         **({"eval_every": eval_every, "curve_size": curve_size or eval_size} if eval_every else {}),
+        **({"curriculum": [list(stage) for stage in curriculum]} if curriculum else {}),
+        **({"lr_schedule": lr_schedule} if lr_schedule != "linear" else {}),
     }
-    vocab, batches, chance = task_data(
-        task,
-        window_size=window_size,
-        num_windows=num_windows,
-        num_keys=num_keys,
-        num_filler=num_filler,
-        num_values=num_values,
-        num_pairs=num_pairs,
-    )
+    layout = {"num_windows": num_windows, "num_keys": num_keys, "num_filler": num_filler}
+    layout |= {"num_values": num_values, "num_pairs": num_pairs}
+    vocab, batches, chance = task_data(task, window_size=window_size, **layout)
+    stages = [Stage(size, count, task_data(task, window_size=size, **layout)[1]) for size, count in curriculum]
+    stages.append(Stage(window_size, steps - sum(count for _, count in curriculum), batches))
     # Built from the recorded settings themselves, so that what results.json says is what ran.
     recurrent, stock = build_models(vocab=vocab, **{name: settings[name] for name in MODEL_SETTINGS})
     recurrent, stock = recurrent.to(device, dtype), stock.to(device, dtype)
@@ -315,12 +374,11 @@ def run_recall_experiment(
     eval_ids, _, eval_keys = batches(eval_size, eval_generator)
     eval_ids, eval_keys = eval_ids.to(device), eval_keys.to(device)
     train_kwargs = {
-        "steps": steps,
+        "stages": stages,
         "batch_size": batch_size,
         "lr": lr,
-        "window_size": window_size,
-        "batches": batches,
         "data_seed": seed,
+        "lr_schedule": lr_schedule,
     }
     result: dict = {"chance": chance, "settings": settings}
     curve: list[dict] = []

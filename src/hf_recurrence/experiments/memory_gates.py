@@ -95,6 +95,8 @@ def plan_gate1(
     num_values: int = 16,
     num_pairs: int = 4,
     slots: int = 4,
+    key_curriculum: Sequence[Sequence[int]] = (),
+    associative_curriculum: Sequence[Sequence[int]] = (),
     eval_every: int = 100,
     curve_size: int | None = None,
     arms: Sequence[str] | None = None,
@@ -103,13 +105,15 @@ def plan_gate1(
     """Every run of gate 1, in order: `{"id", "task", "window_size", "arm", "seed", "kwargs"}`, `kwargs` being
     `run_recall_experiment`'s. `common`: the keywords every run shares (batch size, learning rate, width, evaluation
     size, ...). Scored every `eval_every` steps on the first `curve_size` held-out rows (default: all). `arms` keeps
-    only the arms of those names."""
+    only the arms of those names. `key_curriculum` / `associative_curriculum`: each task's `(window_size, steps)`
+    stages trained first, within its steps (`run_recall_experiment`'s `curriculum`; none by default)."""
     common = {**(common or {}), "eval_every": eval_every, "curve_size": curve_size}
     tasks_plan = []
     if "key" in tasks:
         for window_size in key_window_sizes:
             settings = {"task": "key", "window_size": window_size, "steps": key_steps, "n_layer": key_layers}
-            tasks_plan.append((settings | {"num_keys": num_keys}, key_recall_arms()))
+            settings |= {"num_keys": num_keys} | _curriculum(key_curriculum, window_size)
+            tasks_plan.append((settings, key_recall_arms()))
     if "associative" in tasks:
         settings = {
             "task": "associative",
@@ -119,6 +123,7 @@ def plan_gate1(
             "num_keys": associative_keys,
             "num_values": num_values,
             "num_pairs": num_pairs,
+            **_curriculum(associative_curriculum, associative_window_size),
         }
         tasks_plan.append((settings, associative_arms(associative_layers, slots)))
     plan = []
@@ -139,6 +144,13 @@ def plan_gate1(
                     }
                 )
     return plan
+
+
+def _curriculum(stages: Sequence[Sequence[int]], window_size: int) -> dict:
+    """A task's `curriculum` keyword: its stages shorter than the task's windows (at `window_size` itself a stage would
+    be the task); none when there are none, so that a plan without one is the plan recorded before the option."""
+    kept = [list(stage) for stage in stages if stage[0] < window_size]
+    return {"curriculum": kept} if kept else {}
 
 
 def _load_average() -> list[float] | None:
