@@ -286,7 +286,7 @@ def decode_row(batch: int, length: int, tps: dict, cell: dict) -> list:
         batch,
         length,
         *(f"{tps[name]:.1f}" if name in tps else "–" for name in WAYS),
-        f"**{ratio_text(cell, 'ours compiled / stock best')}**",
+        f"**{cell['ours compiled / stock best']:.2f}x**" if "ours compiled / stock best" in cell else "–",
         ratio_text(cell, "ours default / stock best"),
         "same" if same else "differ",
         "–" if first is None else ("same" if first else "differ"),
