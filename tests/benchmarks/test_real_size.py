@@ -64,6 +64,7 @@ def test_decode_and_training_write_their_fields_and_ours_decodes_stocks_greedy_t
     assert any("batch 2, 40 new tokens: stock not run" in line for line in recorded["text"]["stock_limits"])
 
 
+@pytest.mark.slow  # four fresh processes: most of a minute, mostly importing torch
 def test_cold_start_and_prefill_write_their_fields(tiny_stock, tmp_path):
     cold = ["--parts", "cold_start", "prefill", "--cold-start-batches", "1", "--cold-start-tokens", "4"]
     recorded = run(tiny_stock, tmp_path, *cold, "--prompt-lengths", "24", "--prefill-repeats", "1")
