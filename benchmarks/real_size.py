@@ -34,6 +34,10 @@ Parts (`--parts`):
 - training: one LoRA step (forward with labels and backward, no optimizer step) over `--train-windows` windows: ours
   reads (batch, windows x window) tokens with backpropagation through every window (the recurrence module trains
   too), stock reads the same tokens as (windows x batch, window) independent windows in one call; tokens/s.
+- memory: the cost of the memory settings (issue 39's `memory_*`, `MEMORY_SETTINGS`) against the paper's k=1 on the
+  same converted model: a forward over `--memory-windows` windows (no cache) and a default `generate()` of
+  `--memory-new-tokens` tokens at batch 1, interleaved rounds; each setting's time over the paper's, and whether its
+  greedy tokens equal the paper's in the first window (where no setting reads a memory yet).
 """
 
 import argparse
@@ -61,7 +65,7 @@ MODEL_NAMES = {
     "smollm2": "SmolLM2-135M-Instruct, de-quantised from Q4_1",
     "gemma3": "Gemma 3 270M base, de-quantised from Q4_K_M",
 }
-PARTS = ("decode", "cold_start", "prefill", "training")
+PARTS = ("decode", "cold_start", "prefill", "training", "memory")
 
 OURS_DEFAULT = "ours, default"
 OURS_COMPILED = "ours, fixed-shape state, compiled"
@@ -72,6 +76,18 @@ COMPILED = (OURS_COMPILED, STOCK_STATIC)
 STOCK = (STOCK_DEFAULT, STOCK_STATIC)
 OURS, STOCK_MODEL = "ours", "stock"
 LORA_TARGETS = ["q_proj", "v_proj"]
+# The memory settings the memory part times against the paper's k=1 (`memory_read_layers` None: the insertion layer;
+# "all": every layer of the model).
+PAPER = "paper (k=1, mean)"
+MEMORY_SETTINGS = {
+    "k=1, attention": {"memory_pooling": "attention"},
+    "k=4, attention": {"memory_slots": 4, "memory_pooling": "attention"},
+    "k=4, attention, read at every layer": {
+        "memory_slots": 4,
+        "memory_pooling": "attention",
+        "memory_read_layers": "all",
+    },
+}
 
 
 def parse_args() -> argparse.Namespace:
@@ -115,6 +131,10 @@ def parse_args() -> argparse.Namespace:
     training.add_argument("--train-windows", type=int, default=4, help="windows per row, all backpropagated through")
     training.add_argument("--train-repeats", type=int, default=3, help="interleaved rounds (median reported)")
     training.add_argument("--lora-rank", type=int, default=8)
+    memory = parser.add_argument_group("memory settings")
+    memory.add_argument("--memory-windows", type=int, default=4, help="windows of the timed forward")
+    memory.add_argument("--memory-new-tokens", type=int, default=256, help="new tokens of the timed generate()")
+    memory.add_argument("--memory-repeats", type=int, default=3, help="interleaved rounds (median reported)")
     bench.add_child_argument(parser)
     output = next(action for action in parser._actions if action.dest == "output_json")
     output.help = "where the run's numbers go (default: benchmarks/results/real_size_MODEL.json, the recorded run)"
@@ -151,9 +171,13 @@ def load_stock(args: argparse.Namespace) -> PreTrainedModel:
     return load_causal_lm_from_gguf(path, AutoModelForCausalLM)
 
 
-def convert(args: argparse.Namespace, stock: PreTrainedModel) -> PreTrainedModel:
-    """Ours: the stock model's weights under the paper's default recurrence (a new recurrence module)."""
+def convert(args: argparse.Namespace, stock: PreTrainedModel, memory: dict | None = None) -> PreTrainedModel:
+    """Ours: the stock model's weights under the paper's default recurrence (a new recurrence module), or under the
+    `memory` settings (`memory_read_layers="all"`: every layer)."""
     settings = {} if args.window_size is None else {"window_size": args.window_size}
+    settings |= memory or {}
+    if settings.get("memory_read_layers") == "all":
+        settings["memory_read_layers"] = list(range(stock.config.get_text_config().num_hidden_layers))
     return recurrent_decoder_from_causal_lm(stock, **settings)
 
 
@@ -489,6 +513,67 @@ def training(args: argparse.Namespace, stock_dir: str, device: torch.device) -> 
     return values, rows
 
 
+# Memory settings ---------------------------------------------------------------------------------------------------
+
+
+def forward_fn(model: PreTrainedModel, ids: torch.Tensor) -> Callable[[], None]:
+    def run() -> None:
+        with torch.inference_mode():
+            model(input_ids=ids, use_cache=False)
+
+    return run
+
+
+def memory_cost(args: argparse.Namespace, stock_dir: str, device: torch.device) -> tuple[dict, list]:
+    """Forward and decode time of each memory setting over the paper's k=1, the same converted model otherwise."""
+    device_dtype = bench.device_and_dtype(args)
+    stock = saved_stock(stock_dir)
+    built = {PAPER: convert(args, stock)} | {
+        name: convert(args, stock, memory) for name, memory in MEMORY_SETTINGS.items()
+    }
+    del stock
+    gc.collect()
+    built = {name: model.to(*device_dtype).eval() for name, model in built.items()}
+    window = built[PAPER].config.window_size
+    vocab = built[PAPER].config.get_text_config().vocab_size
+    ids = random_ids(args, vocab, (1, args.memory_windows * window), device)
+    prompt = random_ids(args, vocab, (1, args.prompt_tokens), device)
+    outputs = {name: {} for name in built}
+    fns = {}
+    for name, model in built.items():
+        fns[f"{name}|forward"] = forward_fn(model, ids)
+        fns[f"{name}|decode"] = generate_fn(model, prompt, args.memory_new_tokens, outputs[name], disable_compile=True)
+    times = bench.interleaved(fns, args.memory_repeats, warmup=1, device=device)
+    first = min(window, args.prompt_tokens + args.memory_new_tokens)
+    values, rows = {}, []
+    for name in built:
+        cell = {
+            "forward_tokens_per_s": ids.numel() / bench.median(times[f"{name}|forward"]),
+            "decode_tokens_per_s": args.memory_new_tokens / bench.median(times[f"{name}|decode"]),
+            "forward_s": times[f"{name}|forward"],
+            "decode_s": times[f"{name}|decode"],
+        }
+        if name != PAPER:
+            cell["forward time / paper's"] = bench.ratios(times[f"{name}|forward"], times[f"{PAPER}|forward"])
+            cell["decode time / paper's"] = bench.ratios(times[f"{name}|decode"], times[f"{PAPER}|decode"])
+            same = torch.equal(outputs[name]["out"][:, :first], outputs[PAPER]["out"][:, :first])
+            cell["tokens == paper's, first window"] = same
+        values[name] = cell
+        forward_ratio = cell.get("forward time / paper's", {}).get("paired")
+        decode_ratio = cell.get("decode time / paper's", {}).get("paired")
+        rows.append(
+            [
+                name,
+                f"{cell['forward_tokens_per_s']:.0f}",
+                "–" if forward_ratio is None else f"**{forward_ratio:.3f}x**",
+                f"{cell['decode_tokens_per_s']:.1f}",
+                "–" if decode_ratio is None else f"**{decode_ratio:.3f}x**",
+            ]
+        )
+        print(f"memory, {name}: {rows[-1]}", flush=True)
+    return values, rows
+
+
 # The run -----------------------------------------------------------------------------------------------------------
 
 
@@ -547,6 +632,16 @@ def main() -> None:
                 "ratio of maxima",
             ]
             tables["training"] = bench.table(headers, rows, ["right"] * len(headers))
+        if "memory" in args.parts:
+            values["memory"], rows = memory_cost(args, stock_dir, device)
+            headers = [
+                "recurrence",
+                f"forward, {args.memory_windows} windows (tok/s)",
+                "forward time / paper's (median paired)",
+                f"decode, {args.memory_new_tokens} tokens (tok/s)",
+                "decode time / paper's (median paired)",
+            ]
+            tables["memory"] = bench.table(headers, rows, ["", "right", "right", "right", "right"])
     about = [
         f"{model_description(args)}; {bench.device_description(device, dtype)}, {args.threads} torch threads; ours "
         f"reads {window}-token windows (the paper's recurrence, `h_prev` at layer {insertion}); stock has {max_positions:,} "

@@ -12,6 +12,7 @@ from ..scripts import BENCHMARKS, run_script, written
 SCRIPT = BENCHMARKS / "real_size.py"
 WINDOW = 32
 PROMPT = 8
+SETTINGS = ("k=1, attention", "k=4, attention", "k=4, attention, read at every layer")
 WAYS = ("ours, default", "ours, fixed-shape state, compiled", "stock, default cache", "stock, static cache, compiled")
 
 
@@ -85,3 +86,21 @@ def test_cold_start_and_prefill_write_their_fields(tiny_stock, tmp_path):
         assert run_["tokens_per_s"] > 0 and run_["peak_mib"] >= run_["before_mib"] > 0
     assert {"ours / stock, tokens/s", "ours / stock, peak memory"} <= set(prefill)
     assert "memory_method" in recorded
+
+
+def test_the_memory_part_times_each_setting_against_the_paper_and_their_first_windows_agree(tiny_stock, tmp_path):
+    sizes = ["--memory-windows", "2", "--memory-new-tokens", "40", "--memory-repeats", "1"]
+    recorded = run(tiny_stock, tmp_path, "--parts", "memory", *sizes)
+    memory = recorded["values"]["memory"]
+    assert list(memory) == ["paper (k=1, mean)", *SETTINGS]
+    for name in SETTINGS:
+        cell = memory[name]
+        assert cell["forward_tokens_per_s"] > 0 and cell["decode_tokens_per_s"] > 0
+        assert (
+            set(cell["forward time / paper's"])
+            == set(cell["decode time / paper's"])
+            == {"paired", "medians", "minima"}
+        )
+        # No setting reads a memory in the first window: there, every one is the stock model.
+        assert cell["tokens == paper's, first window"] is True
+    assert len(recorded["tables"]["memory"]["rows"]) == 1 + len(SETTINGS)
