@@ -10,10 +10,11 @@ That default preset (`cpu`: hidden size 64, 2 layers, 6,000 steps) is the run re
 experiments/results/inductive_generalization.json; there BERT and I-BERT+PE do not learn the training difficulties
 (0.014 and 0.018), so their zeros beyond say nothing. `--preset cpu-learning` (issue 36's "Add with baselines that
 learn") trains the three models at hidden size 128, 4 layers, 4 heads, a 512-wide feed-forward and no dropout for
-12,000 steps (15 epochs) with an evaluation every 1,000 steps, and records into
+8,000 steps (10 epochs) with an evaluation every 1,000 steps, and records into
 experiments/results/inductive_generalization_add_learning.json and docs/images/inductive_generalization_add_learning.png
 (unless `--output-json` says otherwise), with a table of accuracy against steps besides the one against difficulty.
-Estimated from pilots at about 0.1 s a step per model: about 70 minutes for the three on one thread.
+Estimated at 0.1 to 0.18 s a step per model on one thread, depending on the load of the other core (pilots and a
+first attempt at 12,000 steps, stopped when the load made it too long): 40 to 75 minutes for the three.
 
 `--preset paper-gpu` runs the paper's recipe instead (its Table 1 model, 70.3M parameters for I-BERT; 50 epochs of
 800 steps, 40,000 steps at batch 32; Adam at 3e-5 decayed x0.97 per epoch; an evaluation every epoch): a GPU job,
@@ -55,14 +56,14 @@ CPU_RUN = [
 ]  # fmt: skip
 # Add with baselines that learn (issue 36): twice the width and layers of the recorded run and no dropout (BERT's
 # pilots, hidden 128, 4 layers, lr 1e-3 decayed over 4,000 steps: 0.019 sequence accuracy on d 2..12 at step 2,500
-# with BERT's dropout of 0.1, 0.084 without, 0.353 at step 4,000), 12,000 steps (15 epochs), an evaluation every
-# 1,000 steps for the accuracy-vs-steps curves. About 0.1 s a step of any of the three models on one thread.
+# with BERT's dropout of 0.1, 0.084 without, 0.353 at step 4,000), 8,000 steps (10 epochs), an evaluation every
+# 1,000 steps for the accuracy-vs-steps curves. 0.1 to 0.18 s a step of any of the three models on one thread.
 CPU_LEARNING_RUN = [
     "--task", "add", "--models", "ibert,bert,ibert_pe",
     "--hidden_size", "128", "--num_hidden_layers", "4", "--num_attention_heads", "4", "--intermediate_size", "512",
     "--dropout", "0",
     "--per_device_train_batch_size", "32", "--per_device_eval_batch_size", "128",
-    "--learning_rate", "1e-3", "--warmup_steps", "200", "--max_steps", "12000", "--logging_steps", "500",
+    "--learning_rate", "1e-3", "--warmup_steps", "200", "--max_steps", "8000", "--logging_steps", "500",
     "--eval_strategy", "steps", "--eval_steps", "1000",
     "--seed", "0", "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true",
 ]  # fmt: skip
@@ -199,7 +200,7 @@ def main() -> None:
         "--preset",
         choices=sorted(PRESETS),
         default="cpu",
-        help="cpu: the recorded CPU run (default); cpu-learning: hidden 128, 4 layers, no dropout, 12,000 steps, "
+        help="cpu: the recorded CPU run (default); cpu-learning: hidden 128, 4 layers, no dropout, 8,000 steps, "
         "recorded apart; paper-gpu: the paper's recipe, 70.3M parameters, 40,000 steps",
     )
     parser.add_argument(

@@ -220,7 +220,7 @@ def test_the_cpu_learning_preset_is_wider_deeper_without_dropout_and_evaluates_d
     sizes = (model_args.hidden_size, model_args.num_hidden_layers, model_args.num_attention_heads)
     assert sizes == (128, 4, 4) and model_args.intermediate_size == 512 and model_args.dropout == 0.0
     assert model_args.models == "ibert,bert,ibert_pe" and data_args.task == "add"
-    assert (training_args.max_steps, training_args.learning_rate, training_args.warmup_steps) == (12000, 1e-3, 200)
+    assert (training_args.max_steps, training_args.learning_rate, training_args.warmup_steps) == (8000, 1e-3, 200)
     assert training_args.eval_strategy == "steps" and training_args.eval_steps == 1000
     # The same data as the recorded run: the paper's split, not sparse predictions.
     _, recorded_data, _, _ = parser.parse_args_into_dataclasses([*driver.CPU_RUN, "--output_dir", "x"])
