@@ -13,8 +13,9 @@ learn") trains the three models at hidden size 128, 4 layers, 4 heads, a 512-wid
 8,000 steps (10 epochs) with an evaluation every 1,000 steps, and records into
 experiments/results/inductive_generalization_add_learning.json and docs/images/inductive_generalization_add_learning.png
 (unless `--output-json` says otherwise), with a table of accuracy against steps besides the one against difficulty.
-Estimated at 0.1 to 0.18 s a step per model on one thread, depending on the load of the other core (pilots and a
-first attempt at 12,000 steps, stopped when the load made it too long): 40 to 75 minutes for the three.
+Measured: 47 minutes for the three on one thread of an AMD EPYC (training 17.1, 12.7 and 16.8 minutes for I-BERT,
+BERT and I-BERT+PE) while another job loaded the other core (load average 2.0 to 3.6); a step took 0.1 to 0.18 s,
+depending on that load.
 
 `--preset paper-gpu` runs the paper's recipe instead (its Table 1 model, 70.3M parameters for I-BERT; 50 epochs of
 800 steps, 40,000 steps at batch 32; Adam at 3e-5 decayed x0.97 per epoch; an evaluation every epoch): a GPU job,
