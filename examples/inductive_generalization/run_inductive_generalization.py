@@ -84,6 +84,12 @@ class ModelArguments:
     intermediate_size: int = field(
         default=256, metadata={"help": "Feed-forward width (the paper's model: 2048; BERT-base: 3072)."}
     )
+    dropout: float = field(
+        default=0.1,
+        metadata={
+            "help": "Dropout on hidden states and attention probabilities of every model (BERT's default: 0.1)."
+        },
+    )
 
 
 @dataclass
@@ -151,6 +157,8 @@ def build_model(name: str, model_args: ModelArguments, max_length: int) -> PreTr
         "intermediate_size": model_args.intermediate_size,
         "pad_token_id": tokenizer.pad_token_id,
         "type_vocab_size": 1,
+        "hidden_dropout_prob": model_args.dropout,
+        "attention_probs_dropout_prob": model_args.dropout,
     }
     if name == "bert":
         # The position table must reach the longest validation sequence, or BERT could not even be run on it.

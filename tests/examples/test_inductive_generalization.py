@@ -1,5 +1,6 @@
 """The inductive-generalization example runs end to end with tiny models and reports every model and difficulty, with
-the authors' protocol as options, and the driver's presets are the recorded CPU run and the paper's recipe."""
+the authors' protocol as options, and the driver's presets are the recorded CPU run, the larger CPU run whose
+baselines learn, and the paper's recipe."""
 
 import importlib.util
 import json
@@ -208,6 +209,61 @@ def test_the_paper_gpu_preset_is_the_papers_model_and_40000_steps(driver, script
     assert protocol.regenerate_every_epoch and protocol.random_offset_layout and protocol.loss_on_every_position
     # The default preset is the recorded CPU run, unchanged.
     assert driver.example_flags("cpu", authors_protocol=False) == driver.CPU_RUN
+
+
+def test_the_cpu_learning_preset_is_wider_deeper_without_dropout_and_evaluates_during_training(driver, script):
+    parser = HfArgumentParser(
+        (script.ModelArguments, script.DataArguments, script.ProtocolArguments, TrainingArguments)
+    )
+    flags = driver.example_flags("cpu-learning", authors_protocol=False)
+    model_args, data_args, _, training_args = parser.parse_args_into_dataclasses([*flags, "--output_dir", "x"])
+    sizes = (model_args.hidden_size, model_args.num_hidden_layers, model_args.num_attention_heads)
+    assert sizes == (128, 4, 4) and model_args.intermediate_size == 512 and model_args.dropout == 0.0
+    assert model_args.models == "ibert,bert,ibert_pe" and data_args.task == "add"
+    assert (training_args.max_steps, training_args.learning_rate, training_args.warmup_steps) == (8000, 1e-3, 200)
+    assert training_args.eval_strategy == "steps" and training_args.eval_steps == 1000
+    # The same data as the recorded run: the paper's split, not sparse predictions.
+    _, recorded_data, _, _ = parser.parse_args_into_dataclasses([*driver.CPU_RUN, "--output_dir", "x"])
+    assert data_args == recorded_data
+    # The dropout flag reaches every model's config (BERT's and I-BERT's fields of the same names).
+    with torch.device("meta"):
+        for name in ("ibert", "bert", "ibert_pe"):
+            config = script.build_model(name, model_args, max_length=53).config
+            assert (config.hidden_dropout_prob, config.attention_probs_dropout_prob) == (0.0, 0.0)
+    # Without the flag, BERT's 0.1 as before.
+    model_args, *_ = parser.parse_args_into_dataclasses([*driver.CPU_RUN, "--output_dir", "x"])
+    assert model_args.dropout == 0.1
+
+
+def test_the_cpu_learning_preset_records_apart(driver, tmp_path):
+    default = driver.bench.REPO_ROOT / "experiments" / "results" / "inductive_generalization.json"
+    args = driver.argparse.Namespace(output_json=default)
+    assert driver.record_paths(args, "cpu") == driver.IMAGE and args.output_json == default
+    image = driver.record_paths(args, "cpu-learning")
+    assert args.output_json.name == "inductive_generalization_add_learning.json"
+    assert image.name == "inductive_generalization_add_learning.png"
+    # An explicit --output-json stays.
+    args = driver.argparse.Namespace(output_json=tmp_path / "run.json")
+    driver.record_paths(args, "cpu-learning")
+    assert args.output_json == tmp_path / "run.json"
+
+
+def test_the_driver_curve_table_gives_accuracy_against_steps(driver):
+    def evaluation(step, seen, unseen):
+        return {"step": step, "sequence_accuracy": {"2": seen, "3": seen, "13": unseen, "14": 0.0}}
+
+    report = {"task": "add", "train_difficulties": [2, 3], "validation_difficulties": [13, 14]}
+    report["results"] = {
+        "ibert": {"label": "I-BERT", "evaluations": [evaluation(1000, 0.5, 0.25), evaluation(2000, 1.0, 0.5)]},
+        "bert": {"label": "BERT", "evaluations": [evaluation(1000, 0.25, 0.0)]},
+    }
+    table = driver.curve_table(report)
+    assert table["headers"] == ["step", "I-BERT, d 2..3", "I-BERT, d=13", "BERT, d 2..3", "BERT, d=13"]
+    assert table["rows"] == [["1,000", "0.500", "0.250", "0.250", "0.000"], ["2,000", "1.000", "0.500", "", ""]]
+    # Only the final evaluation: no curve.
+    for result in report["results"].values():
+        result["evaluations"] = result["evaluations"][:1]
+    assert driver.curve_table(report) is None
 
 
 def test_the_driver_table_labels_final_and_chosen_checkpoints(driver):
