@@ -197,3 +197,28 @@ def test_the_runner_end_to_end_then_resumes_skipping_finished_models(tokenizer, 
     arguments[arguments.index("--steps") + 1] = "2"  # other settings: every model trains again
     printed = run()
     assert "saved in" not in printed and "I-BERT: step 2/2" in printed
+
+
+def test_a_run_of_other_settings_is_compared_on_the_same_sentences(tokenizer, tmp_path, monkeypatch, capsys):
+    def run(*arguments: str) -> dict:
+        output = tmp_path / "out.json"
+        monkeypatch.syspath_prepend(str(EXPERIMENTS))
+        for name in ("_common", "render"):
+            monkeypatch.delitem(sys.modules, name, raising=False)
+        monkeypatch.setattr(sys, "argv", [str(SCRIPT), *TINY, "--output-json", str(output), *arguments])
+        runpy.run_path(str(SCRIPT))["main"]()
+        return json.loads(output.read_text())
+
+    run("--models", "ibert", "--work-dir", str(tmp_path / "main"))
+    saved = str(tmp_path / "main" / "ibert.json")
+    other = run(
+        "--models", "bert", "--learning-rate", "5e-4", "--work-dir", str(tmp_path / "bert"), "--also-from", saved
+    )
+    assert [row[0] for row in other["tables"]["accuracy"]["rows"]] == ["BERT", "I-BERT (learning rate 0.001)"]
+    labels = {(c["label"], c["split"]) for c in other["values"]["comparisons"]}
+    assert ("I-BERT (learning rate 0.001) − BERT", "long") in labels
+    assert other["values"]["finished"] and "Goal, I-BERT ahead of BERT" in other["text"]["verdict"][0]
+    with pytest.raises(SystemExit, match="scored on other sentences"):
+        run("--models", "bert", "--max-eval-sentences", "8", "--work-dir", str(tmp_path / "b"), "--also-from", saved)
+    with pytest.raises(SystemExit, match="also trained by this run"):
+        run("--models", "ibert", "--work-dir", str(tmp_path / "c"), "--also-from", saved)
