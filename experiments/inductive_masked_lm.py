@@ -533,8 +533,9 @@ def save(args, machine, data_sizes, records: dict[str, dict], planned: list[str]
             f"{sum(name in records for name in planned)} of {len(planned)} models finished"
             + ("" if finished else " (the others are missing from the tables)")
             + (
-                f": {sum(r['training']['seconds'] for r in done) / 60:.1f} minutes of training and "
-                f"{sum(r['evaluation_seconds'] for r in done) / 60:.1f} of evaluation in all."
+                f": {sum(records[n]['training']['seconds'] for n in planned if n in records) / 60:.1f} minutes of "
+                f"training and {sum(records[n]['evaluation_seconds'] for n in planned if n in records) / 60:.1f} of "
+                "evaluation in all" + (" (those of --also-from not counted)." if args.also_from else ".")
                 if done
                 else "."
             )
