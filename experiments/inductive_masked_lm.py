@@ -16,7 +16,9 @@ I-BERT - BERT on the long split (a paired bootstrap over the same masked sentenc
 
 Run (recorded):
 
-    OMP_NUM_THREADS=1 python experiments/inductive_masked_lm.py --steps 6000 --write-docs
+    OMP_NUM_THREADS=1 python experiments/inductive_masked_lm.py --num-layers 4 --steps 6500 --log-every 250 --write-docs
+
+(43 minutes of training for the three models on one thread of a 2-core machine; the other core was busy.)
 
 Each model's evaluation is saved in `--work-dir` as it ends: a rerun with the same settings skips the models
 already there (`--fresh` starts over), and the result file shows what finished.
