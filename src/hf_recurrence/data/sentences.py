@@ -101,7 +101,8 @@ def austen_sentences(min_words: int = 3, cache_dir=None, download: bool = True) 
 def hold_out(sentences: Iterable[str], every: int = 10) -> tuple[list[str], list[str]]:
     """Sentences kept, and about one in `every` held out, chosen by the sha256 of each sentence's text: the same
     sentence is held out whatever the other sentences are, on every machine."""
-    kept, held_out = [], []
+    kept: list[str] = []
+    held_out: list[str] = []
     for sentence in sentences:
         digest = int.from_bytes(hashlib.sha256(sentence.encode("utf-8")).digest()[:8], "big")
         (held_out if digest % every == 0 else kept).append(sentence)
