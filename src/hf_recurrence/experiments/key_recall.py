@@ -336,8 +336,7 @@ def run_recall_experiment(
     """
     curriculum = [tuple(stage) for stage in curriculum]
     check_curriculum(curriculum, window_size, steps)
-    if lr_schedule not in LR_SCHEDULES:
-        raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {lr_schedule!r}")
+    learning_rate_factor(lr_schedule, steps)  # refuses an unknown schedule before any model is built
     settings = {
         "steps": steps,
         "seed": seed,
