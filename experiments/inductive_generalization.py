@@ -185,14 +185,16 @@ def curve_table(report: dict) -> dict | None:
 
 
 def record_paths(args: argparse.Namespace, preset: str) -> Path:
-    """The plot's place in docs/images for `preset`; a preset recorded apart also moves the default `--output-json`
-    to its own result file."""
-    if preset not in RECORDS:
-        return IMAGE
-    name, image = RECORDS[preset]
-    if args.output_json == bench.REPO_ROOT / "experiments" / "results" / "inductive_generalization.json":
+    """The plot's place in docs/images: the preset's own for its default result file (a preset recorded apart also
+    moves the default `--output-json` to its own result file), else named after the `--output-json` given, so that
+    another run never overwrites a recorded plot."""
+    default = bench.REPO_ROOT / "experiments" / "results" / "inductive_generalization.json"
+    name, image = RECORDS.get(preset, (default.stem, IMAGE))
+    if args.output_json == default:
         args.output_json = args.output_json.with_name(f"{name}.json")
-    return image
+    if args.output_json.stem == name:
+        return image
+    return bench.REPO_ROOT / "docs" / "images" / f"{args.output_json.stem}.png"
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ last, each key right before its value; the last window holds no pair, only the q
 import pytest
 import torch
 
-from hf_recurrence.data import AssociativeVocab, make_associative_batch, swap_earlier_windows
+from hf_recurrence.data import AssociativeVocab, among_row_values, make_associative_batch, swap_earlier_windows
 
 
 VOCAB = AssociativeVocab(num_filler=32, num_keys=16, num_values=16)
@@ -97,6 +97,25 @@ def test_swapping_earlier_windows_keeps_the_question_and_replaces_the_pairs():
     swapped = swap_earlier_windows(ids, window_size)
     assert torch.equal(swapped[:, -window_size:], ids[:, -window_size:])
     assert torch.equal(swapped[:, :window_size], ids.roll(-1, dims=0)[:, :window_size])
+
+
+@pytest.mark.parametrize("num_windows", [2, 3])
+def test_among_row_values_finds_the_stored_values_and_nothing_else(num_windows):
+    window_size = 16
+    ids, _, answers = batch(batch_size=256, window_size=window_size, num_windows=num_windows)
+    pair_window = ids[:, -2 * window_size : -window_size]
+    # The answer is always stored; so is any other stored value, right or not.
+    assert among_row_values(answers, ids, window_size, VOCAB).all()
+    first_value = torch.where(pair_window >= VOCAB.value_offset, pair_window, VOCAB.size).min(-1).values
+    assert among_row_values(first_value, ids, window_size, VOCAB).all()
+    # A value the row does not store, its query key (stored as a key, not a value) and a filler token are not.
+    absent = torch.tensor(
+        [next(v for v in range(VOCAB.value_offset, VOCAB.size) if v not in row) for row in pair_window]
+    )
+    assert not among_row_values(absent, ids, window_size, VOCAB).any()
+    assert not among_row_values(ids[:, -2], ids, window_size, VOCAB).any()
+    fillers = pair_window[:, 0].where(pair_window[:, 0] < VOCAB.num_filler, torch.zeros_like(pair_window[:, 0]))
+    assert not among_row_values(fillers, ids, window_size, VOCAB).any()
 
 
 @pytest.mark.parametrize(

@@ -242,10 +242,12 @@ def test_the_cpu_learning_preset_records_apart(driver, tmp_path):
     image = driver.record_paths(args, "cpu-learning")
     assert args.output_json.name == "inductive_generalization_add_learning.json"
     assert image.name == "inductive_generalization_add_learning.png"
-    # An explicit --output-json stays.
-    args = driver.argparse.Namespace(output_json=tmp_path / "run.json")
-    driver.record_paths(args, "cpu-learning")
-    assert args.output_json == tmp_path / "run.json"
+    # An explicit --output-json stays, and its plot is named after it: no recorded plot is overwritten.
+    for preset in ("cpu", "cpu-learning"):
+        args = driver.argparse.Namespace(output_json=tmp_path / "run.json")
+        image = driver.record_paths(args, preset)
+        assert args.output_json == tmp_path / "run.json"
+        assert image == driver.bench.REPO_ROOT / "docs" / "images" / "run.png"
 
 
 def test_the_driver_curve_table_gives_accuracy_against_steps(driver):

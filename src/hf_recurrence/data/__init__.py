@@ -1,7 +1,7 @@
 """Corpora read from the machine, long books fetched by package managers, offline tokenizers, training blocks, and
 the synthetic tasks (inductive generalization, key recall, associative recall)."""
 
-from .associative_recall import AssociativeVocab, make_associative_batch
+from .associative_recall import AssociativeVocab, among_row_values, make_associative_batch
 from .blocks import TokenBlocks, WindowedBlocksCollator, token_stream
 from .books import (
     AUSTEN_SHA256,
@@ -72,6 +72,7 @@ __all__ = [
     "TokenBlocks",
     "WholeWordMaskedSentences",
     "WindowedBlocksCollator",
+    "among_row_values",
     "austen_novels",
     "austen_sentences",
     "austen_split",

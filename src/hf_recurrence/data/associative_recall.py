@@ -90,3 +90,18 @@ def make_associative_batch(
     labels = torch.full_like(ids, -100)
     labels[:, -1] = answers
     return ids, labels, answers
+
+
+def among_row_values(
+    predictions: torch.Tensor, ids: torch.Tensor, window_size: int, vocab: AssociativeVocab
+) -> torch.Tensor:
+    """(batch,) bool: whether each row's prediction is one of the values stored in its pair window (the window before
+    the last of `ids`, (batch, num_windows * window_size)).
+
+    A memory that carries which values occurred but not which key each belongs to answers with one of them almost
+    always while right about `1 / num_pairs` of the time; one that carries nothing hits them at the rate of a guess
+    (`num_pairs / num_values` among the values).
+    """
+    pair_window = ids[:, -2 * window_size : -window_size]  # (batch, window_size)
+    stored = (pair_window == predictions[:, None]) & (pair_window >= vocab.value_offset)
+    return stored.any(-1)

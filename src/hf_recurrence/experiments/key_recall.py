@@ -45,7 +45,7 @@ import torch
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from ..data.associative_recall import AssociativeVocab, make_associative_batch
+from ..data.associative_recall import AssociativeVocab, among_row_values, make_associative_batch
 from ..data.key_recall import RecallVocab, make_recall_batch, swap_earlier_windows, to_independent_windows
 from ..models.recurrent_decoder import RecurrentGPT2Config, RecurrentGPT2LMHeadModel
 
@@ -161,6 +161,24 @@ def recall_loss(
 
 
 @torch.no_grad()
+def recall_predictions(
+    model: nn.Module, recurrent: bool, window_size: int, ids: torch.Tensor, chunk_size: int = 256
+) -> torch.Tensor:
+    """(batch,) the argmax prediction at each row's query position (second-to-last token), read `chunk_size` rows at
+    a time (rows are independent: the same result, less memory)."""
+    model.eval()
+    predictions = []
+    for start in range(0, ids.shape[0], chunk_size):
+        chunk = ids[start : start + chunk_size]
+        if recurrent:
+            logits = model(chunk, use_cache=False).logits  # (batch, length, vocab)
+        else:
+            logits = model(to_independent_windows(chunk, window_size), use_cache=False).logits
+            logits = logits.reshape(chunk.shape[0], -1, logits.shape[-1])  # back to (batch, length, vocab)
+        predictions.append(logits[:, -2].argmax(-1))
+    return torch.cat(predictions)
+
+
 def recall_accuracy(
     model: nn.Module,
     recurrent: bool,
@@ -169,19 +187,9 @@ def recall_accuracy(
     keys: torch.Tensor,
     chunk_size: int = 256,
 ) -> float:
-    """Fraction of rows whose argmax prediction at the query position (second-to-last token) is `keys` (the
-    answers), read `chunk_size` rows at a time (rows are independent: the same result, less memory)."""
-    model.eval()
-    correct = 0
-    for start in range(0, ids.shape[0], chunk_size):
-        chunk = ids[start : start + chunk_size]
-        if recurrent:
-            logits = model(chunk, use_cache=False).logits  # (batch, length, vocab)
-        else:
-            logits = model(to_independent_windows(chunk, window_size), use_cache=False).logits
-            logits = logits.reshape(chunk.shape[0], -1, logits.shape[-1])  # back to (batch, length, vocab)
-        correct += (logits[:, -2].argmax(-1) == keys[start : start + chunk_size]).sum().item()
-    return correct / ids.shape[0]
+    """Fraction of rows whose prediction at the query position (`recall_predictions`) is `keys` (the answers)."""
+    predictions = recall_predictions(model, recurrent, window_size, ids, chunk_size)
+    return (predictions == keys).sum().item() / ids.shape[0]
 
 
 def learning_rate_factor(schedule: str, steps: int) -> Callable[[int], float]:
@@ -323,7 +331,9 @@ def run_recall_experiment(
     `settings`.
 
     `task="associative"` runs the associative-recall task instead (`num_pairs` pairs of `num_keys` keys and
-    `num_values` values; chance 1 / num_values); `memory` sets the recurrent model's memory (see `build_models`);
+    `num_values` values; chance 1 / num_values), and adds `recurrent_row_value_rate`: the fraction of the recurrent
+    model's answers that are one of the row's stored values, right or not (`among_row_values`: near 1 where the
+    memory carries the values but not their keys); `memory` sets the recurrent model's memory (see `build_models`);
     `baseline=False` trains the recurrent model alone (no `baseline_*` entries). With `eval_every`, the recurrent
     model is also scored on the first `curve_size` held-out rows (default: all) before training and every
     `eval_every` steps: `recurrent_curve`, a list of `{"step", "accuracy"}`, and `recurrent_eval_seconds`, the time
@@ -404,4 +414,8 @@ def run_recall_experiment(
         result[f"{name}_train_seconds"] = seconds
     swapped_ids = swap_earlier_windows(eval_ids, window_size)
     result["swapped_accuracy"] = recall_accuracy(recurrent, True, window_size, swapped_ids, eval_keys)
+    if task == "associative":
+        predictions = recall_predictions(recurrent, True, window_size, eval_ids)
+        stored = among_row_values(predictions, eval_ids, window_size, vocab)
+        result["recurrent_row_value_rate"] = stored.sum().item() / eval_ids.shape[0]
     return result

@@ -159,7 +159,8 @@ def _load_average() -> list[float] | None:
 
 def run_arm(planned: dict, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     """Train and score one planned run (`plan_gate1`); returns its record: the plan's fields, `accuracy` (own earlier
-    windows, all held-out rows), `swapped_accuracy`, `chance`, `curve` (`{"step", "accuracy"}` on the first
+    windows, all held-out rows), `swapped_accuracy`, on associative recall `row_value_rate` (how often the answer is
+    one of the row's stored values, right or not), `chance`, `curve` (`{"step", "accuracy"}` on the first
     `curve_size` held-out rows every `eval_every` steps, from step 0), `final_loss`, `train_seconds` (training
     alone), `eval_seconds` (the curve's scoring), `seconds` (all of it, the final and swapped scoring and the model's
     construction included), `cpu_seconds` (the process's CPU time over the same span: what the run cost, however
@@ -171,6 +172,7 @@ def run_arm(planned: dict, device: str | torch.device = "cpu", dtype: torch.dtyp
         **planned,
         "accuracy": result["recurrent_accuracy"],
         "swapped_accuracy": result["swapped_accuracy"],
+        **({"row_value_rate": result["recurrent_row_value_rate"]} if "recurrent_row_value_rate" in result else {}),
         "chance": result["chance"],
         "curve": result["recurrent_curve"],
         "final_loss": result["recurrent_final_loss"],

@@ -1,0 +1,168 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Why gate 1's 4-pair recall stops near 1/4 (issue 39): variants of its best arm, each trained once, scored for
+accuracy and for how often the answer is one of the row's stored values, right or not.
+
+Gate 1 (`memory_gate1.py`) left every writer near 0.25 on 4-pair associative recall, the level of a memory that
+carries the 4 values without binding each to its key. Each variant here changes one thing of the `slots_every_layer`
+arm (4 attention slots read at every layer, T=32, a 4-layer reader, the recorded curriculum 8:300): more steps, a
+learned bias over window positions, 8 slots, the last layer as the memory's source, twice the width, a lower
+learning rate, and the paper's own arm and a 2-pair task for reference. The row-value rate
+(`hf_recurrence.data.among_row_values`) tells the two failures apart: near 1 with accuracy near 1/num_pairs, the
+values are carried and the binding is what is missing; near num_pairs/num_values, nothing is carried. The variants
+are pilots on the gate's pilot seed (0); nothing here is chosen on the gate's seeds 1 and 2.
+
+Run (about 25 CPU-minutes on one thread; resumable: each finished variant is saved at once, and a rerun with the
+same flags skips the variants it holds):
+
+    python experiments/memory_binding.py
+"""
+
+import argparse
+import datetime
+import json
+import os
+import time
+
+import _common as bench
+
+from hf_recurrence.experiments.memory_gates import associative_arms, describe_memory, run_arm
+
+
+# The gate's 4-pair recall (`memory_gates.plan_gate1` with the recorded curriculum), on the pilot seed.
+BASE = {
+    "task": "associative",
+    "window_size": 32,
+    "n_layer": 4,
+    "num_keys": 16,
+    "num_values": 16,
+    "num_pairs": 4,
+    "seed": 0,
+    "eval_every": 250,
+    "curve_size": 512,
+    "eval_size": 4096,
+}
+SLOTS = associative_arms(4)["slots_every_layer"]
+# Name -> (what changes, `run_recall_experiment` settings over BASE; `memory` replaces the arm's).
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "slots_every_layer": ("gate 1's arm (4 attention slots read at every layer)", {"memory": SLOTS}),
+    "steps_3000": ("twice the steps", {"memory": SLOTS, "steps": 3000}),
+    "position_bias": (
+        "a learned per-slot bias over window positions",
+        {"memory": {**SLOTS, "memory_position_bias": True}},
+    ),
+    "slots_8": ("8 slots", {"memory": {**SLOTS, "memory_slots": 8}}),
+    "last_layer": ("the last layer as the source", {"memory": {**SLOTS, "memory_source": "last_layer"}}),
+    "width_128": ("twice the width (128)", {"memory": SLOTS, "n_embd": 128, "recurrence_hidden_sizes": [128]}),
+    "lr_1e-3": ("learning rate 1e-3", {"memory": SLOTS, "lr": 1e-3}),
+    "paper": ("the paper's arm (k=1, mean), for reference", {"memory": {}}),
+    "pairs_2": ("2 pairs instead of 4", {"memory": SLOTS, "num_pairs": 2}),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = bench.benchmark_parser(__doc__, __file__, threads=1, cuda_dtype="float32", seed=False)
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--steps", type=int, default=1500, help="training steps of every variant that sets none")
+    parser.add_argument(
+        "--curriculum-steps", type=int, default=300, help="steps at 8-token windows first (gate 1's curriculum)"
+    )
+    parser.add_argument("--eval-size", type=int, default=BASE["eval_size"], help="held-out rows (tests: fewer)")
+    parser.add_argument("--fresh", action="store_true", help="discard the variants recorded in --output-json")
+    return parser.parse_args(argv)
+
+
+def planned_kwargs(name: str, args: argparse.Namespace) -> dict:
+    """`run_recall_experiment`'s settings of a variant."""
+    curriculum = [[8, args.curriculum_steps]] if args.curriculum_steps else []
+    return {**BASE, "steps": args.steps, "curriculum": curriculum, "eval_size": args.eval_size, **VARIANTS[name][1]}
+
+
+def results_table(records: dict[str, dict]) -> dict:
+    rows = []
+    for name, record in records.items():
+        kwargs = record["kwargs"]
+        pairs, values = kwargs["num_pairs"], kwargs["num_values"]
+        rows.append(
+            [
+                name,
+                VARIANTS[name][0],
+                describe_memory(kwargs["memory"], kwargs["n_layer"]),
+                f"{kwargs['steps']:,}",
+                f"{record['accuracy']:.3f}",
+                f"{1 / pairs:.2f} / {1 / values:.3f}",
+                f"{record['row_value_rate']:.3f}",
+                f"{pairs / values:.3f}",
+                f"{record['swapped_accuracy']:.3f}",
+                f"{record['cpu_seconds'] / 60:.1f}",
+            ]
+        )
+    headers = [
+        "variant",
+        "what changes",
+        "memory",
+        "steps",
+        "accuracy",
+        "unbound / chance",
+        "answer among the row's values",
+        "same, by guessing",
+        "swapped",
+        "CPU min",
+    ]
+    return bench.table(headers, rows)
+
+
+def recorded(args: argparse.Namespace) -> dict[str, dict]:
+    if args.fresh or not args.output_json.exists():
+        return {}
+    return json.loads(args.output_json.read_text())["values"]["runs"]
+
+
+def save(args: argparse.Namespace, machine: dict, runs: dict[str, dict]) -> None:
+    total = sum(record["cpu_seconds"] for record in runs.values())
+    text = {
+        "time": [
+            f"{len(runs)} variants, {total / 60:.1f} CPU-minutes of training and scoring in all (one torch thread each)."
+        ]
+    }
+    values = {"runs": runs}
+    # Written beside, then moved over the record, so that an interrupted write loses nothing recorded.
+    partial = args.output_json.with_name(args.output_json.name + ".partial")
+    scratch = argparse.Namespace(**{**vars(args), "output_json": partial, "write_docs": False})
+    bench.write_results(scratch, machine, {"variants": results_table(runs)}, values, text)
+    os.replace(partial, args.output_json)
+    if args.write_docs:
+        bench.render_docs()
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict]:
+    args = parse_args(argv)
+    bench.setup(0, args.threads)
+    device, dtype = bench.device_and_dtype(args)
+    machine = bench.describe_machine(device, dtype)
+    runs = recorded(args)
+    for name in args.variants:
+        planned = {"id": name, "kwargs": planned_kwargs(name, args)}
+        if name in runs:
+            if runs[name]["kwargs"] != planned["kwargs"]:
+                raise SystemExit(
+                    f"{args.output_json} holds variant {name!r} run with other settings ({runs[name]['kwargs']}); "
+                    "pass --fresh to discard it, or another --output-json"
+                )
+            continue
+        print(
+            f"{name} ({VARIANTS[name][0]}): training, {datetime.datetime.now(datetime.timezone.utc):%H:%M} UTC",
+            flush=True,
+        )
+        started = time.perf_counter()
+        runs[name] = run_arm(planned, device, dtype)
+        print(
+            f"{name}: accuracy {runs[name]['accuracy']:.3f}, among the row's values {runs[name]['row_value_rate']:.3f}, "
+            f"swapped {runs[name]['swapped_accuracy']:.3f} ({time.perf_counter() - started:.0f} s)",
+            flush=True,
+        )
+        save(args, machine, {n: runs[n] for n in VARIANTS if n in runs})
+    return runs
+
+
+if __name__ == "__main__":
+    main()
