@@ -30,6 +30,9 @@ REGION = re.compile(
     r"<!-- (?P<kind>benchmark|experiment):(?P<name>[\w.]+) -->\n.*?<!-- /(?P=kind):(?P=name) -->", re.DOTALL
 )
 
+# Anything that opens or closes a region, well named or not: a name REGION cannot match would be left unrendered.
+MARKER = re.compile(r"<!-- /?(?:benchmark|experiment):(?P<name>[^ ]*) -->")
+
 
 def pages() -> dict[Path, Path]:
     """Every rendered page and the folder of recorded runs its regions come from."""
@@ -68,7 +71,14 @@ def render_part(result: dict, part: str) -> str:
 
 def render(text: str, results: dict[str, dict], results_dir: Path = RESULTS_DIR) -> str:
     """`text` with every marked region replaced by what the results (read from `results_dir`) say; a region naming
-    a missing result or part is an error, so that a renamed table cannot leave stale numbers behind."""
+    a missing result or part is an error, so that a renamed table cannot leave stale numbers behind, and so is a
+    region whose name REGION cannot match (a result file named with a `-`), which would be left as it is."""
+    for marker in MARKER.finditer(text):
+        if not re.fullmatch(r"[\w.]+", marker["name"]):
+            raise ValueError(
+                f"docs region {marker['name']!r}: a region is named SCRIPT.PART, letters, digits, _ and . only "
+                "(name the result file so)"
+            )
 
     def replace(match: re.Match) -> str:
         kind, name = match["kind"], match["name"]

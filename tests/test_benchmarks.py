@@ -93,6 +93,8 @@ def test_a_rendered_region_follows_its_result():
     assert "Machine: commit abc; at the end: load average 1.00." in rendered
     assert "| a | b |\n| --- | ---: |\n| 1 | 2 |" in rendered
     assert "Goal met." in rendered
+    with pytest.raises(ValueError, match="docs region 'x-y.t': a region is named SCRIPT.PART"):
+        render.render("<!-- benchmark:x-y.t -->\n<!-- /benchmark:x-y.t -->", {"x-y": result})
     with pytest.raises(KeyError, match="no benchmarks/results/y.json"):
         render.render("<!-- benchmark:y.t -->\n<!-- /benchmark:y.t -->", {"x": result})
     # The experiments' pages keep their own marker.
