@@ -602,9 +602,12 @@ class RecurrentDecoderState:
         self.slot_valid = self.slot_valid.gather(1, index)
 
     def _empty_cache(self) -> None:
-        # Fresh empty tensors: a gather or a slice would keep the dropped keys' storage alive in the autograd graph.
-        self.keys = [k.new_zeros(*k.shape[:2], 0, k.shape[3]) for k in self.keys]
-        self.values = [v.new_zeros(*v.shape[:2], 0, v.shape[3]) for v in self.values]
+        # A fresh empty tensor: a gather or a slice would keep the dropped keys' storage alive in the autograd graph.
+        # One for every layer's keys and values, as `__init__` shares it (they have one shape), so that a new window
+        # costs one allocation, not two per layer.
+        key = self.keys[0]
+        empty = key.new_empty(*key.shape[:2], 0, key.shape[3])  # (batch, kv_heads, 0, head_dim)
+        self.keys, self.values = [empty] * len(self.keys), [empty] * len(self.values)
         self.slot_valid = self.slot_valid.new_zeros(self.batch_size, 0)
 
     def _remember_overlap(self, embeds: torch.Tensor, real: torch.Tensor) -> None:

@@ -392,12 +392,14 @@ class RecurrentDecoderRecurrence(nn.Module):
         if config.memory_source == "last_layer":
             return real.float()[:, None, :] @ layer_states[-1].float()
         # Each layer's share is one batched product: (batch, 1, cols) weights of the real columns times (batch, cols,
-        # hidden) states, accumulated into (batch, 1, hidden).
-        real_weights = self.layer_weights()[:, None, None, None] * real.float()[None, :, None, :]
-        batch, _, hidden = layer_states[0].shape
-        pooled = torch.zeros(batch, 1, hidden, device=layer_states[0].device)
-        for i, states in enumerate(layer_states):
-            pooled = torch.baddbmm(pooled, real_weights[i], self._normalized(states.float(), config))
+        # hidden) states, accumulated into (batch, 1, hidden). Views and one unbind rather than indexing: fewer
+        # operators per step, forward and backward.
+        batch, cols = real.shape
+        real_weights = self.layer_weights().view(-1, 1, 1, 1) * real.float().view(1, batch, 1, cols)
+        first, *rest = real_weights.unbind(0)  # (batch, 1, cols) each
+        pooled = torch.bmm(first, self._normalized(layer_states[0].float(), config))
+        for weights, states in zip(rest, layer_states[1:], strict=True):
+            pooled = torch.baddbmm(pooled, weights, self._normalized(states.float(), config))
         return pooled
 
     def _source_states(self, layer_states: tuple[torch.Tensor, ...], config: RecurrentDecoderConfig) -> torch.Tensor:
