@@ -822,8 +822,9 @@ class FixedShapeWindowCache:
 
     def step_settings(self, settings: _StepSettings) -> _StepSettings:
         """Over a fixed-shape state a step always joins `h_prev` (masked in rows whose window has none) and reads
-        whether columns are real from the mask, as the compiled single-token step does."""
-        return replace(settings, uses_h_prev=True, all_real=None)
+        whether columns are real from the mask, as the compiled single-token step does; its spare slot is never
+        valid, so no step shares another's masks."""
+        return replace(settings, uses_h_prev=True, all_real=None, lockstep_tensors=None)
 
     def mark_checked(self, model: nn.Module) -> None:
         """Remember that `model`'s eager call checked this state (inputs, config, shapes): its compiled single-token

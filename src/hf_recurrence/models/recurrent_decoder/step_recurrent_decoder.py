@@ -91,13 +91,16 @@ def _attention_masks(
     eager: bool,
     all_real: bool | None,
     memory_slots: int = 1,
-) -> tuple[torch.Tensor | None, torch.Tensor]:
+    uses_h_prev: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Masks for the ordinary layers and for the layers that read the memory, (batch, 1, cols, [k +] slots + cols).
 
     A query sees the valid cached slots, the real step columns up to itself, and itself (so padding queries never
     see an empty row); at a reading layer also the `memory_slots` = k slots of `h_prev` where the row has them. The plain mask is None where the
     attention's own causal mask is the same (no cached slots, every column real). Additive float masks for eager
     attention, boolean ones otherwise. `all_real`: whether every column is real, when known on the host.
+    `uses_h_prev`: whether the step joins `h_prev` at all; the reading layers' mask is None where it does not (no
+    layer reads that mask then).
     """
     batch, cols = real.shape
     slots = slot_valid.shape[1]
@@ -107,14 +110,62 @@ def _attention_masks(
         own = torch.eye(cols, dtype=torch.bool, device=real.device)
         new_part = (causal & real[:, None, :]) | own  # (batch, cols, cols)
         plain = torch.cat([slot_valid[:, None, :].expand(batch, cols, slots), new_part], dim=-1)[:, None]
-    h_prev_part = has_h_prev[:, None, None, None].expand(batch, 1, cols, memory_slots)
-    token_part = causal.expand(batch, 1, cols, cols) if plain is None else plain
-    inserted = torch.cat([h_prev_part, token_part], dim=-1)
+    inserted = None
+    if uses_h_prev:
+        h_prev_part = has_h_prev[:, None, None, None].expand(batch, 1, cols, memory_slots)
+        token_part = causal.expand(batch, 1, cols, cols) if plain is None else plain
+        inserted = torch.cat([h_prev_part, token_part], dim=-1)
     if eager:
         plain, inserted = (
-            torch.zeros_like(m, dtype=dtype).masked_fill(~m, torch.finfo(dtype).min) for m in (plain, inserted)
+            None if m is None else torch.zeros_like(m, dtype=dtype).masked_fill(~m, torch.finfo(dtype).min)
+            for m in (plain, inserted)
         )
     return plain, inserted
+
+
+class _LockstepTensors:
+    """The position ids and masks of one call's steps over rows in lockstep, made once per step shape instead of
+    once per window. In lockstep every column is real, every cached slot is valid (a row's fill is its slot count)
+    and either every row has `h_prev` or none has: these tensors then depend only on sizes known on the host (the
+    batch, dtype and attention of a call are fixed). None of them requires grad, so a step recomputed under gradient
+    checkpointing reuses them as they were."""
+
+    def __init__(self):
+        self._made: dict[tuple, tuple[torch.Tensor | None, ...]] = {}
+
+    def get(self, key: tuple, make: Callable[[], tuple[torch.Tensor | None, ...]]) -> tuple[torch.Tensor | None, ...]:
+        """What `make()` returns, made at the first call with `key`."""
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
+
+
+def step_positions_and_masks(
+    settings: "_StepSettings",
+    real: torch.Tensor,
+    fill: torch.Tensor,
+    slot_valid: torch.Tensor,
+    has_h_prev: torch.Tensor,
+    dtype: torch.dtype,
+    eager: bool,
+    uses_h_prev: bool,
+    memory_slots: int,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """A step's position ids, (batch, cols), which restart in every window, and its plain and reading-layer masks
+    (see `_attention_masks`); over rows in lockstep, those an earlier step of the call with the same shape made
+    (`settings.lockstep_tensors`). real: (batch, cols) bool; fill: (batch,) tokens already in each row's window."""
+
+    def make() -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        positions = (fill[:, None] + real.cumsum(1) - 1).clamp(min=0)  # (batch, cols)
+        masks = _attention_masks(
+            real, slot_valid, has_h_prev, dtype, eager, settings.all_real, memory_slots, uses_h_prev
+        )
+        return positions, *masks
+
+    made = settings.lockstep_tensors
+    if made is None:
+        return make()
+    return made.get((real.shape[1], slot_valid.shape[1], uses_h_prev), make)
 
 
 class _StepContext:
@@ -505,3 +556,5 @@ class _StepSettings:
     # an h_prev, and whether every column of the step is a real token.
     uses_h_prev: bool | None = None
     all_real: bool | None = None
+    # The call's position ids and masks by step shape, while the rows are in lockstep (None: made in every step).
+    lockstep_tensors: _LockstepTensors | None = None
