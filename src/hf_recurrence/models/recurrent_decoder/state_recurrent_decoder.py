@@ -608,7 +608,7 @@ class RecurrentDecoderState:
         key = self.keys[0]
         empty = key.new_empty(*key.shape[:2], 0, key.shape[3])  # (batch, kv_heads, 0, head_dim)
         self.keys, self.values = [empty] * len(self.keys), [empty] * len(self.values)
-        self.slot_valid = self.slot_valid.new_zeros(self.batch_size, 0)
+        self.slot_valid = self.slot_valid.new_empty(self.batch_size, 0)  # nothing to zero
 
     def _remember_overlap(self, embeds: torch.Tensor, real: torch.Tensor) -> None:
         """Keep the embeddings of the last `window_overlap` real tokens: (batch, new, hidden), (batch, new)."""

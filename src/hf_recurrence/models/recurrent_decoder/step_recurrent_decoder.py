@@ -421,7 +421,9 @@ class RecurrentDecoderRecurrence(nn.Module):
         (batch, cols) bool; positions: (batch, cols) each column's position in its window.
         """
         if not config.pools_by_softmax:
-            return self._mean_total(layer_states, real, config), real.sum(1, keepdim=True).float(), None
+            # One cast for both: a sum of ones is the exact count.
+            real_weights = real.float()  # (batch, cols), 1 at the real columns
+            return self._mean_total(layer_states, real_weights, config), real_weights.sum(1, keepdim=True), None
         states = self._source_states(layer_states, config)  # (batch, cols, hidden)
         batch, cols, hidden = states.shape
         scores = states.new_zeros(batch, cols, config.memory_slots)
@@ -439,14 +441,15 @@ class RecurrentDecoderRecurrence(nn.Module):
     def _mean_total(
         self, layer_states: tuple[torch.Tensor, ...], real: torch.Tensor, config: RecurrentDecoderConfig
     ) -> torch.Tensor:
-        """(batch, 1, hidden) float32: the source states summed over the real columns."""
+        """(batch, 1, hidden) float32: the source states summed over the real columns, `real` (batch, cols) float32
+        (1 at the real columns, else 0)."""
         if config.memory_source == "last_layer":
-            return real.float()[:, None, :] @ layer_states[-1].float()
+            return real[:, None, :] @ layer_states[-1].float()
         # Each layer's share is one batched product: (batch, 1, cols) weights of the real columns times (batch, cols,
         # hidden) states, accumulated into (batch, 1, hidden). Views and one unbind rather than indexing: fewer
         # operators per step, forward and backward.
         batch, cols = real.shape
-        real_weights = self.layer_weights().view(-1, 1, 1, 1) * real.float().view(1, batch, 1, cols)
+        real_weights = self.layer_weights().view(-1, 1, 1, 1) * real.view(1, batch, 1, cols)
         first, *rest = real_weights.unbind(0)  # (batch, 1, cols) each
         pooled = torch.bmm(first, self._normalized(layer_states[0].float(), config))
         for weights, states in zip(rest, layer_states[1:], strict=True):
