@@ -18,14 +18,22 @@ same flags skips the variants it holds):
 """
 
 import argparse
+import contextlib
 import datetime
+import inspect
 import json
 import os
 import time
+from collections.abc import Iterator
 
 import _common as bench
+import torch
 
+from hf_recurrence.data import AssociativeVocab
+from hf_recurrence.experiments.key_recall import run_recall_experiment
 from hf_recurrence.experiments.memory_gates import associative_arms, describe_memory, run_arm
+from hf_recurrence.models.recurrent_decoder import RecurrentGPT2LMHeadModel
+from hf_recurrence.models.recurrent_decoder.step_recurrent_decoder import RecurrentDecoderRecurrence
 
 
 # The gate's 4-pair recall (`memory_gates.plan_gate1` with the recorded curriculum), on the pilot seed.
@@ -56,7 +64,57 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "lr_1e-3": ("learning rate 1e-3", {"memory": SLOTS, "lr": 1e-3}),
     "paper": ("the paper's arm (k=1, mean), for reference", {"memory": {}}),
     "pairs_2": ("2 pairs instead of 4", {"memory": SLOTS, "num_pairs": 2}),
+    "oracle_value": ("an oracle writer: slot i holds pair i's value token", {"memory": SLOTS, "oracle": "value"}),
+    "oracle_key_value": (
+        "an oracle writer: slot i holds pair i's key and value tokens",
+        {"memory": SLOTS, "oracle": "key_value"},
+    ),
 }
+# The toy's filler tokens (the experiment's default), before the keys and values in the vocabulary.
+FILLER = inspect.signature(run_recall_experiment).parameters["num_filler"].default
+# What an oracle writer's slot i pools of window 0: the states of pair i's value token, or of its key and value.
+ORACLES = ("value", "key_value")
+
+
+@contextlib.contextmanager
+def oracle_writer(mode: str, vocab: AssociativeVocab, num_pairs: int) -> Iterator[None]:
+    """While active, every recurrent GPT-2 pools window 0 by an oracle instead of its writer: slot i takes the source
+    states (the layer mix) of exactly pair i's value token (`mode="value"`) or of its key and value tokens summed
+    (`"key_value"`), pairs in window order; later windows pool as configured (nothing reads their memory). It asks
+    whether the reader can bind what a perfect writer gives it, apart from what the writer learns to pick.
+
+    The memory sees no token ids, so the forward keeps the call's ids for the pooling of its first window."""
+    if mode not in ORACLES:
+        raise ValueError(f"oracle must be one of {ORACLES}, got {mode!r}")
+    pool, forward = RecurrentDecoderRecurrence.pool, RecurrentGPT2LMHeadModel.forward
+    call: dict = {}
+
+    def forward_keeping_ids(model, input_ids=None, *args, **kwargs):
+        call.update(ids=input_ids, pooled=0)
+        return forward(model, input_ids, *args, **kwargs)
+
+    def oracle_pool(recurrence, layer_states, real, positions, config):
+        call["pooled"] += 1
+        window = call["ids"].shape[1] // 2  # the toy's two windows
+        if call["pooled"] > 1:
+            return pool(recurrence, layer_states, real, positions, config)
+        states = recurrence._source_states(layer_states, config)  # (batch, window, hidden)
+        ids = call["ids"][:, :window]
+        columns = torch.arange(window).expand_as(ids)
+        # Each row's value tokens' columns in window order, (batch, num_pairs).
+        values = torch.where(ids >= vocab.value_offset, columns, window).sort(-1).values[:, :num_pairs]
+        rows = torch.arange(ids.shape[0])[:, None]
+        total = states[rows, values]  # (batch, num_pairs, hidden)
+        if mode == "key_value":
+            total = total + states[rows, values - 1]  # each key right before its value
+        ones = total.new_ones(total.shape[:2])
+        return total, ones, torch.zeros_like(ones)
+
+    RecurrentGPT2LMHeadModel.forward, RecurrentDecoderRecurrence.pool = forward_keeping_ids, oracle_pool
+    try:
+        yield
+    finally:
+        RecurrentGPT2LMHeadModel.forward, RecurrentDecoderRecurrence.pool = forward, pool
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -74,7 +132,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def planned_kwargs(name: str, args: argparse.Namespace) -> dict:
     """`run_recall_experiment`'s settings of a variant."""
     curriculum = [[8, args.curriculum_steps]] if args.curriculum_steps else []
-    return {**BASE, "steps": args.steps, "curriculum": curriculum, "eval_size": args.eval_size, **VARIANTS[name][1]}
+    settings = {key: value for key, value in VARIANTS[name][1].items() if key != "oracle"}
+    return {**BASE, "steps": args.steps, "curriculum": curriculum, "eval_size": args.eval_size, **settings}
 
 
 def results_table(records: dict[str, dict]) -> dict:
@@ -86,7 +145,8 @@ def results_table(records: dict[str, dict]) -> dict:
             [
                 name,
                 VARIANTS[name][0],
-                describe_memory(kwargs["memory"], kwargs["n_layer"]),
+                describe_memory(kwargs["memory"], kwargs["n_layer"])
+                + (f"; oracle writer ({record['oracle']})" if record.get("oracle") else ""),
                 f"{kwargs['steps']:,}",
                 f"{record['accuracy']:.3f}",
                 f"{1 / pairs:.2f} / {1 / values:.3f}",
@@ -141,9 +201,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     machine = bench.describe_machine(device, dtype)
     runs = recorded(args)
     for name in args.variants:
-        planned = {"id": name, "kwargs": planned_kwargs(name, args)}
+        planned = {"id": name, "kwargs": planned_kwargs(name, args), "oracle": VARIANTS[name][1].get("oracle")}
         if name in runs:
-            if runs[name]["kwargs"] != planned["kwargs"]:
+            if (runs[name]["kwargs"], runs[name].get("oracle")) != (planned["kwargs"], planned["oracle"]):
                 raise SystemExit(
                     f"{args.output_json} holds variant {name!r} run with other settings ({runs[name]['kwargs']}); "
                     "pass --fresh to discard it, or another --output-json"
@@ -154,7 +214,15 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
             flush=True,
         )
         started = time.perf_counter()
-        runs[name] = run_arm(planned, device, dtype)
+        kwargs = planned["kwargs"]
+        vocab = AssociativeVocab(FILLER, kwargs["num_keys"], kwargs["num_values"])
+        writer = (
+            oracle_writer(planned["oracle"], vocab, kwargs["num_pairs"])
+            if planned["oracle"]
+            else contextlib.nullcontext()
+        )
+        with writer:
+            runs[name] = run_arm(planned, device, dtype)
         print(
             f"{name}: accuracy {runs[name]['accuracy']:.3f}, among the row's values {runs[name]['row_value_rate']:.3f}, "
             f"swapped {runs[name]['swapped_accuracy']:.3f} ({time.perf_counter() - started:.0f} s)",

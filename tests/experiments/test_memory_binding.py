@@ -2,6 +2,14 @@
 says how often the answer is one of the row's stored values, and a rerun resumes or refuses other settings."""
 
 import json
+import runpy
+
+import pytest
+import torch
+
+from hf_recurrence.data import AssociativeVocab, make_associative_batch
+from hf_recurrence.experiments.key_recall import build_models
+from hf_recurrence.models.recurrent_decoder.step_recurrent_decoder import RecurrentDecoderRecurrence
 
 from ..scripts import EXPERIMENTS, run_script, written
 
@@ -36,3 +44,49 @@ def test_the_script_records_each_variant_and_a_rerun_resumes(tmp_path):
     assert again["paper"]["kwargs"]["memory"] == {}
     other = run_script(EXPERIMENTS / "memory_binding.py", *arguments, "--steps", "5", "--variants", "pairs_2")
     assert other.returncode == 1 and "'pairs_2' run with other settings" in other.stderr
+
+
+@pytest.mark.parametrize("mode", ["value", "key_value"])
+def test_the_oracle_writer_pools_each_pair_into_its_own_slot_and_is_undone_after(mode, monkeypatch, one_thread):
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    script = runpy.run_path(str(EXPERIMENTS / "memory_binding.py"))
+    vocab, window = AssociativeVocab(num_filler=32, num_keys=16, num_values=16), 16
+    memory = {"memory_slots": 4, "memory_pooling": "attention", "memory_read_layers": [0, 1]}
+    model, _ = build_models(
+        window_size=window,
+        vocab=vocab,
+        n_layer=2,
+        n_embd=32,
+        n_head=4,
+        insertion_layer=1,
+        recurrence_hidden_sizes=[32],
+        initializer_range=0.1,
+        seed=0,
+        memory=memory,
+    )
+    ids, _, _ = make_associative_batch(3, window, vocab, generator=torch.Generator().manual_seed(0))
+    original = RecurrentDecoderRecurrence.pool
+    pooled = []
+    with script["oracle_writer"](mode, vocab, 4):
+        oracle = RecurrentDecoderRecurrence.pool
+
+        def spy(recurrence, layer_states, *args):
+            pooled.append(
+                (recurrence._source_states(layer_states, model.config), oracle(recurrence, layer_states, *args))
+            )
+            return pooled[-1][1]
+
+        monkeypatch.setattr(RecurrentDecoderRecurrence, "pool", spy)
+        model(ids, use_cache=False)
+        monkeypatch.setattr(RecurrentDecoderRecurrence, "pool", oracle)
+    assert RecurrentDecoderRecurrence.pool is original
+    states, (total, weight, reference) = pooled[0]  # window 0
+    for row in range(3):
+        value_columns = [c for c in range(window) if ids[row, c] >= vocab.value_offset]
+        expected = states[row, value_columns]
+        if mode == "key_value":
+            expected = expected + states[row, [c - 1 for c in value_columns]]
+        torch.testing.assert_close(total[row], expected)
+    assert torch.equal(weight, torch.ones(3, 4)) and torch.equal(reference, torch.zeros(3, 4))
+    # The last window pools as configured: 4 softmax slots over its 16 columns.
+    assert len(pooled) == 2 and torch.allclose(pooled[1][1][1], torch.full((3, 4), 16.0))
