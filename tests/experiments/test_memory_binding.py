@@ -7,11 +7,11 @@ import runpy
 import pytest
 import torch
 
-from hf_recurrence.data import AssociativeVocab, make_associative_batch
-from hf_recurrence.experiments.key_recall import build_models
+from hf_recurrence.data import AssociativeVocab
 from hf_recurrence.models.recurrent_decoder.step_recurrent_decoder import RecurrentDecoderRecurrence
 
 from ..scripts import EXPERIMENTS, run_script, written
+from .test_memory_gates import model_of
 
 
 def test_the_script_records_each_variant_and_a_rerun_resumes(tmp_path):
@@ -50,24 +50,14 @@ def test_the_script_records_each_variant_and_a_rerun_resumes(tmp_path):
 def test_the_oracle_writer_pools_each_pair_into_its_own_slot_and_is_undone_after(mode, monkeypatch, one_thread):
     monkeypatch.syspath_prepend(str(EXPERIMENTS))
     script = runpy.run_path(str(EXPERIMENTS / "memory_binding.py"))
-    vocab, window = AssociativeVocab(num_filler=32, num_keys=16, num_values=16), 16
-    memory = {"memory_slots": 4, "memory_pooling": "attention", "memory_read_layers": [0, 1]}
-    model, _ = build_models(
-        window_size=window,
-        vocab=vocab,
-        n_layer=2,
-        n_embd=32,
-        n_head=4,
-        insertion_layer=1,
-        recurrence_hidden_sizes=[32],
-        initializer_range=0.1,
-        seed=0,
-        memory=memory,
-    )
-    ids, _, _ = make_associative_batch(3, window, vocab, generator=torch.Generator().manual_seed(0))
+    # model_of's associative vocabulary and layout: 16 fillers, 8 keys, 8 values, 2 pairs.
+    vocab, window, pairs = AssociativeVocab(num_filler=16, num_keys=8, num_values=8), 16, 2
+    memory = {"memory_slots": pairs, "memory_pooling": "attention", "memory_read_layers": [0, 1]}
+    model, batches = model_of("associative", window, 2, memory)
+    ids, _, _ = batches(3, torch.Generator().manual_seed(0))
     original = RecurrentDecoderRecurrence.pool
     pooled = []
-    with script["oracle_writer"](mode, vocab, 4):
+    with script["oracle_writer"](mode, vocab, pairs):
         oracle = RecurrentDecoderRecurrence.pool
 
         def spy(recurrence, layer_states, *args):
@@ -87,6 +77,6 @@ def test_the_oracle_writer_pools_each_pair_into_its_own_slot_and_is_undone_after
         if mode == "key_value":
             expected = expected + states[row, [c - 1 for c in value_columns]]
         torch.testing.assert_close(total[row], expected)
-    assert torch.equal(weight, torch.ones(3, 4)) and torch.equal(reference, torch.zeros(3, 4))
-    # The last window pools as configured: 4 softmax slots over its 16 columns.
-    assert len(pooled) == 2 and torch.allclose(pooled[1][1][1], torch.full((3, 4), 16.0))
+    assert torch.equal(weight, torch.ones(3, pairs)) and torch.equal(reference, torch.zeros(3, pairs))
+    # The last window pools as configured: softmax slots over its 16 columns.
+    assert len(pooled) == 2 and torch.allclose(pooled[1][1][1], torch.full((3, pairs), 16.0))
