@@ -55,14 +55,15 @@ from .step_recurrent_decoder import (
     INNER_ATTENTIONS,
     RECURRENT_PREFIX,
     RecurrentDecoderRecurrence,
-    _attention_masks,
     _attention_module,
     _decoder_layers,
+    _LockstepTensors,
     _StepOutput,
     _StepSettings,
     h_prev_key_value,
     step_attentions,
     step_context,
+    step_positions_and_masks,
 )
 
 
@@ -160,9 +161,11 @@ def _step_settings(
     step_head: Callable | None,
     output_hidden_states: bool,
     output_attentions: bool,
+    lockstep_tensors: _LockstepTensors,
 ) -> _StepSettings:
     """The settings of the next step over `state`, with what its lockstep tells on the host, as the state runs its
-    steps (`RecurrentDecoderState.step_settings`)."""
+    steps (`RecurrentDecoderState.step_settings`); `lockstep_tensors`: the call's, used while the rows are in
+    lockstep."""
     lockstep = state.lockstep
     settings = _StepSettings(
         num_new=num_new,
@@ -173,6 +176,7 @@ def _step_settings(
         output_attentions=output_attentions,
         uses_h_prev=None if lockstep is None else lockstep[1] > 0,
         all_real=None if lockstep is None else True,
+        lockstep_tensors=None if lockstep is None else lockstep_tensors,
     )
     return state.step_settings(settings)
 
@@ -645,13 +649,12 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         (else computed from `h_prev`).
         """
         num_layers, num_new = len(_decoder_layers(self.backbone)), settings.num_new
-        positions = (fill[:, None] + real.cumsum(1) - 1).clamp(min=0)  # (batch, cols): restart in every window
         eager = settings.output_attentions or self.config._attn_implementation == "eager"
         slots = self.config.memory_slots
-        plain_mask, inserted_mask = _attention_masks(
-            real, slot_valid, has_h_prev, embeds.dtype, eager, settings.all_real, slots
-        )
         use_h_prev = settings.uses_h_prev if settings.uses_h_prev is not None else bool(has_h_prev.any())
+        positions, plain_mask, inserted_mask = step_positions_and_masks(
+            settings, real, fill, slot_valid, has_h_prev, embeds.dtype, eager, use_h_prev, slots
+        )
         ctx = step_context(
             self.backbone,
             self.config,
@@ -774,6 +777,8 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         # Steps also begin at every column where some row starts a document, so that no step spans two documents.
         boundaries = [] if document_starts is None else document_starts.any(0).nonzero()[:, 0].tolist()
         boundaries.append(length)
+        # The position ids and masks of the steps in lockstep: every full window of the call has the same ones.
+        lockstep_tensors = _LockstepTensors()
         steps = []
         start = 0
         while start < length:
@@ -796,6 +801,7 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
                 step_head,
                 output_hidden_states,
                 output_attentions,
+                lockstep_tensors,
             )
             args = (
                 embeds,

@@ -602,10 +602,13 @@ class RecurrentDecoderState:
         self.slot_valid = self.slot_valid.gather(1, index)
 
     def _empty_cache(self) -> None:
-        # Fresh empty tensors: a gather or a slice would keep the dropped keys' storage alive in the autograd graph.
-        self.keys = [k.new_zeros(*k.shape[:2], 0, k.shape[3]) for k in self.keys]
-        self.values = [v.new_zeros(*v.shape[:2], 0, v.shape[3]) for v in self.values]
-        self.slot_valid = self.slot_valid.new_zeros(self.batch_size, 0)
+        # A fresh empty tensor: a gather or a slice would keep the dropped keys' storage alive in the autograd graph.
+        # One for every layer's keys and values, as `__init__` shares it (they have one shape), so that a new window
+        # costs one allocation, not two per layer.
+        key = self.keys[0]
+        empty = key.new_empty(*key.shape[:2], 0, key.shape[3])  # (batch, kv_heads, 0, head_dim)
+        self.keys, self.values = [empty] * len(self.keys), [empty] * len(self.values)
+        self.slot_valid = self.slot_valid.new_empty(self.batch_size, 0)  # nothing to zero
 
     def _remember_overlap(self, embeds: torch.Tensor, real: torch.Tensor) -> None:
         """Keep the embeddings of the last `window_overlap` real tokens: (batch, new, hidden), (batch, new)."""
@@ -819,8 +822,9 @@ class FixedShapeWindowCache:
 
     def step_settings(self, settings: _StepSettings) -> _StepSettings:
         """Over a fixed-shape state a step always joins `h_prev` (masked in rows whose window has none) and reads
-        whether columns are real from the mask, as the compiled single-token step does."""
-        return replace(settings, uses_h_prev=True, all_real=None)
+        whether columns are real from the mask, as the compiled single-token step does; its spare slot is never
+        valid, so no step shares another's masks."""
+        return replace(settings, uses_h_prev=True, all_real=None, lockstep_tensors=None)
 
     def mark_checked(self, model: nn.Module) -> None:
         """Remember that `model`'s eager call checked this state (inputs, config, shapes): its compiled single-token

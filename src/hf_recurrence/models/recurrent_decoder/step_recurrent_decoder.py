@@ -91,13 +91,16 @@ def _attention_masks(
     eager: bool,
     all_real: bool | None,
     memory_slots: int = 1,
-) -> tuple[torch.Tensor | None, torch.Tensor]:
+    uses_h_prev: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Masks for the ordinary layers and for the layers that read the memory, (batch, 1, cols, [k +] slots + cols).
 
     A query sees the valid cached slots, the real step columns up to itself, and itself (so padding queries never
     see an empty row); at a reading layer also the `memory_slots` = k slots of `h_prev` where the row has them. The plain mask is None where the
     attention's own causal mask is the same (no cached slots, every column real). Additive float masks for eager
     attention, boolean ones otherwise. `all_real`: whether every column is real, when known on the host.
+    `uses_h_prev`: whether the step joins `h_prev` at all; the reading layers' mask is None where it does not (no
+    layer reads that mask then).
     """
     batch, cols = real.shape
     slots = slot_valid.shape[1]
@@ -107,14 +110,62 @@ def _attention_masks(
         own = torch.eye(cols, dtype=torch.bool, device=real.device)
         new_part = (causal & real[:, None, :]) | own  # (batch, cols, cols)
         plain = torch.cat([slot_valid[:, None, :].expand(batch, cols, slots), new_part], dim=-1)[:, None]
-    h_prev_part = has_h_prev[:, None, None, None].expand(batch, 1, cols, memory_slots)
-    token_part = causal.expand(batch, 1, cols, cols) if plain is None else plain
-    inserted = torch.cat([h_prev_part, token_part], dim=-1)
+    inserted = None
+    if uses_h_prev:
+        h_prev_part = has_h_prev[:, None, None, None].expand(batch, 1, cols, memory_slots)
+        token_part = causal.expand(batch, 1, cols, cols) if plain is None else plain
+        inserted = torch.cat([h_prev_part, token_part], dim=-1)
     if eager:
         plain, inserted = (
-            torch.zeros_like(m, dtype=dtype).masked_fill(~m, torch.finfo(dtype).min) for m in (plain, inserted)
+            None if m is None else torch.zeros_like(m, dtype=dtype).masked_fill(~m, torch.finfo(dtype).min)
+            for m in (plain, inserted)
         )
     return plain, inserted
+
+
+class _LockstepTensors:
+    """The position ids and masks of one call's steps over rows in lockstep, made once per step shape instead of
+    once per window. In lockstep every column is real, every cached slot is valid (a row's fill is its slot count)
+    and either every row has `h_prev` or none has: these tensors then depend only on sizes known on the host (the
+    batch, dtype and attention of a call are fixed). None of them requires grad, so a step recomputed under gradient
+    checkpointing reuses them as they were."""
+
+    def __init__(self):
+        self._made: dict[tuple, tuple[torch.Tensor | None, ...]] = {}
+
+    def get(self, key: tuple, make: Callable[[], tuple[torch.Tensor | None, ...]]) -> tuple[torch.Tensor | None, ...]:
+        """What `make()` returns, made at the first call with `key`."""
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
+
+
+def step_positions_and_masks(
+    settings: "_StepSettings",
+    real: torch.Tensor,
+    fill: torch.Tensor,
+    slot_valid: torch.Tensor,
+    has_h_prev: torch.Tensor,
+    dtype: torch.dtype,
+    eager: bool,
+    uses_h_prev: bool,
+    memory_slots: int,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """A step's position ids, (batch, cols), which restart in every window, and its plain and reading-layer masks
+    (see `_attention_masks`); over rows in lockstep, those an earlier step of the call with the same shape made
+    (`settings.lockstep_tensors`). real: (batch, cols) bool; fill: (batch,) tokens already in each row's window."""
+
+    def make() -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        positions = (fill[:, None] + real.cumsum(1) - 1).clamp(min=0)  # (batch, cols)
+        masks = _attention_masks(
+            real, slot_valid, has_h_prev, dtype, eager, settings.all_real, memory_slots, uses_h_prev
+        )
+        return positions, *masks
+
+    made = settings.lockstep_tensors
+    if made is None:
+        return make()
+    return made.get((real.shape[1], slot_valid.shape[1], uses_h_prev), make)
 
 
 class _StepContext:
@@ -370,7 +421,9 @@ class RecurrentDecoderRecurrence(nn.Module):
         (batch, cols) bool; positions: (batch, cols) each column's position in its window.
         """
         if not config.pools_by_softmax:
-            return self._mean_total(layer_states, real, config), real.sum(1, keepdim=True).float(), None
+            # One cast for both: a sum of ones is the exact count.
+            real_weights = real.float()  # (batch, cols), 1 at the real columns
+            return self._mean_total(layer_states, real_weights, config), real_weights.sum(1, keepdim=True), None
         states = self._source_states(layer_states, config)  # (batch, cols, hidden)
         batch, cols, hidden = states.shape
         scores = states.new_zeros(batch, cols, config.memory_slots)
@@ -388,16 +441,19 @@ class RecurrentDecoderRecurrence(nn.Module):
     def _mean_total(
         self, layer_states: tuple[torch.Tensor, ...], real: torch.Tensor, config: RecurrentDecoderConfig
     ) -> torch.Tensor:
-        """(batch, 1, hidden) float32: the source states summed over the real columns."""
+        """(batch, 1, hidden) float32: the source states summed over the real columns, `real` (batch, cols) float32
+        (1 at the real columns, else 0)."""
         if config.memory_source == "last_layer":
-            return real.float()[:, None, :] @ layer_states[-1].float()
+            return real[:, None, :] @ layer_states[-1].float()
         # Each layer's share is one batched product: (batch, 1, cols) weights of the real columns times (batch, cols,
-        # hidden) states, accumulated into (batch, 1, hidden).
-        real_weights = self.layer_weights()[:, None, None, None] * real.float()[None, :, None, :]
-        batch, _, hidden = layer_states[0].shape
-        pooled = torch.zeros(batch, 1, hidden, device=layer_states[0].device)
-        for i, states in enumerate(layer_states):
-            pooled = torch.baddbmm(pooled, real_weights[i], self._normalized(states.float(), config))
+        # hidden) states, accumulated into (batch, 1, hidden). Views and one unbind rather than indexing: fewer
+        # operators per step, forward and backward.
+        batch, cols = real.shape
+        real_weights = self.layer_weights().view(-1, 1, 1, 1) * real.view(1, batch, 1, cols)
+        first, *rest = real_weights.unbind(0)  # (batch, 1, cols) each
+        pooled = torch.bmm(first, self._normalized(layer_states[0].float(), config))
+        for weights, states in zip(rest, layer_states[1:], strict=True):
+            pooled = torch.baddbmm(pooled, weights, self._normalized(states.float(), config))
         return pooled
 
     def _source_states(self, layer_states: tuple[torch.Tensor, ...], config: RecurrentDecoderConfig) -> torch.Tensor:
@@ -503,3 +559,5 @@ class _StepSettings:
     # an h_prev, and whether every column of the step is a real token.
     uses_h_prev: bool | None = None
     all_real: bool | None = None
+    # The call's position ids and masks by step shape, while the rows are in lockstep (None: made in every step).
+    lockstep_tensors: _LockstepTensors | None = None
