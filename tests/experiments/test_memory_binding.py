@@ -66,9 +66,12 @@ def test_the_oracle_writer_pools_each_pair_into_its_own_slot_and_is_undone_after
             )
             return pooled[-1][1]
 
-        monkeypatch.setattr(RecurrentDecoderRecurrence, "pool", spy)
-        model(ids, use_cache=False)
-        monkeypatch.setattr(RecurrentDecoderRecurrence, "pool", oracle)
+        # Set and undone by hand, inside the writer: monkeypatch would put the oracle back at teardown.
+        RecurrentDecoderRecurrence.pool = spy
+        try:
+            model(ids, use_cache=False)
+        finally:
+            RecurrentDecoderRecurrence.pool = oracle
     assert RecurrentDecoderRecurrence.pool is original
     states, (total, weight, reference) = pooled[0]  # window 0
     for row in range(3):
