@@ -188,8 +188,11 @@ def recall_accuracy(
     chunk_size: int = 256,
 ) -> float:
     """Fraction of rows whose prediction at the query position (`recall_predictions`) is `keys` (the answers)."""
-    predictions = recall_predictions(model, recurrent, window_size, ids, chunk_size)
-    return (predictions == keys).sum().item() / ids.shape[0]
+    return _accuracy(recall_predictions(model, recurrent, window_size, ids, chunk_size), keys)
+
+
+def _accuracy(predictions: torch.Tensor, keys: torch.Tensor) -> float:
+    return (predictions == keys).sum().item() / keys.shape[0]
 
 
 def learning_rate_factor(schedule: str, steps: int) -> Callable[[int], float]:
@@ -394,10 +397,12 @@ def run_recall_experiment(
     started = time.perf_counter()
 
     curve_rows = slice(0, curve_size or eval_size)
+    # The curve's latest predictions: the final ones when the curve scores every held-out row.
+    latest: dict[str, torch.Tensor] = {}
 
     def evaluate(step: int) -> None:
-        accuracy = recall_accuracy(recurrent, True, window_size, eval_ids[curve_rows], eval_keys[curve_rows])
-        curve.append({"step": step, "accuracy": accuracy})
+        latest["predictions"] = recall_predictions(recurrent, True, window_size, eval_ids[curve_rows])
+        curve.append({"step": step, "accuracy": _accuracy(latest["predictions"], eval_keys[curve_rows])})
 
     arms = [("recurrent", recurrent, True)] + ([("baseline", stock, False)] if baseline else [])
     for name, model, is_recurrent in arms:
@@ -407,15 +412,15 @@ def run_recall_experiment(
             result["recurrent_curve"] = curve
             result["recurrent_eval_seconds"] = time.perf_counter() - started - seconds
         if scoring and (curve_size or eval_size) >= eval_size:  # the curve's last point: the same rows, scored
-            result[f"{name}_accuracy"] = curve[-1]["accuracy"]
+            predictions = latest["predictions"]
         else:
-            result[f"{name}_accuracy"] = recall_accuracy(model, is_recurrent, window_size, eval_ids, eval_keys)
+            predictions = recall_predictions(model, is_recurrent, window_size, eval_ids)
+        result[f"{name}_accuracy"] = _accuracy(predictions, eval_keys)
+        if is_recurrent and task == "associative":
+            stored = among_row_values(predictions, eval_ids, window_size, vocab)
+            result["recurrent_row_value_rate"] = stored.sum().item() / eval_ids.shape[0]
         result[f"{name}_final_loss"] = loss
         result[f"{name}_train_seconds"] = seconds
     swapped_ids = swap_earlier_windows(eval_ids, window_size)
     result["swapped_accuracy"] = recall_accuracy(recurrent, True, window_size, swapped_ids, eval_keys)
-    if task == "associative":
-        predictions = recall_predictions(recurrent, True, window_size, eval_ids)
-        stored = among_row_values(predictions, eval_ids, window_size, vocab)
-        result["recurrent_row_value_rate"] = stored.sum().item() / eval_ids.shape[0]
     return result
