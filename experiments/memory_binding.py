@@ -23,11 +23,13 @@ import datetime
 import inspect
 import json
 import os
+import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import _common as bench
 import torch
+from torch import nn
 
 from hf_recurrence.data import AssociativeVocab
 from hf_recurrence.experiments.key_recall import run_recall_experiment
@@ -69,37 +71,95 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         "an oracle writer: slot i holds pair i's key and value tokens",
         {"memory": SLOTS, "oracle": "key_value"},
     ),
+    "learned_selection": (
+        "a selecting writer: each token with the one before it, the 4 best-scoring kept",
+        {"memory": SLOTS, "selection": "learned"},
+    ),
+    "learned_selection_8": (
+        "the selecting writer with 8 slots",
+        {"memory": {**SLOTS, "memory_slots": 8}, "selection": "learned"},
+    ),
+    "selection_of_values": (
+        "the selecting writer made to keep the value tokens",
+        {"memory": SLOTS, "selection": "values"},
+    ),
+    "selection_of_values_8": (
+        "the same with 8 slots: the value tokens and the 4 latest others",
+        {"memory": {**SLOTS, "memory_slots": 8}, "selection": "values"},
+    ),
 }
 # The toy's filler tokens (the experiment's default), before the keys and values in the vocabulary.
 FILLER = inspect.signature(run_recall_experiment).parameters["num_filler"].default
 # What an oracle writer's slot i pools of window 0: the states of pair i's value token, or of its key and value.
 ORACLES = ("value", "key_value")
+# The variant settings that replace the writer of window 0 rather than set the run: an oracle or a selection.
+WRITERS = ("oracle", "selection")
+# How a selecting writer picks the tokens it keeps: by its learned scores, or forced to the value tokens.
+SELECTIONS = ("learned", "values")
+# Added to a value token's score by the forced selection: far above any learned score of this toy.
+FORCED_SCORE = 10.0
 
 
 @contextlib.contextmanager
-def oracle_writer(mode: str, vocab: AssociativeVocab, num_pairs: int) -> Iterator[None]:
-    """While active, every recurrent GPT-2 pools window 0 by an oracle instead of its writer: slot i takes the source
-    states (the layer mix) of exactly pair i's value token (`mode="value"`) or of its key and value tokens summed
-    (`"key_value"`), pairs in window order; later windows pool as configured (nothing reads their memory). It asks
-    whether the reader can bind what a perfect writer gives it, apart from what the writer learns to pick.
+def _writer_of_window_0(
+    pool_window_0: Callable, add_parameters: Callable[[nn.Module, object], None] | None = None
+) -> Iterator[None]:
+    """While active, every recurrent GPT-2 pools the first window of each forward by `pool_window_0(recurrence,
+    layer_states, ids, config)` (`ids`: that window's token ids, (batch, window)) instead of its writer, returning what
+    `RecurrentDecoderRecurrence.pool` returns; later windows pool as configured (nothing reads their memory).
+    `add_parameters(recurrence, config)` runs on every recurrence module built meanwhile.
 
     The memory sees no token ids, so the forward keeps the call's ids for the pooling of its first window."""
-    if mode not in ORACLES:
-        raise ValueError(f"oracle must be one of {ORACLES}, got {mode!r}")
-    pool, forward = RecurrentDecoderRecurrence.pool, RecurrentGPT2LMHeadModel.forward
+    pool, forward, init = (
+        RecurrentDecoderRecurrence.pool,
+        RecurrentGPT2LMHeadModel.forward,
+        RecurrentDecoderRecurrence.__init__,
+    )
     call: dict = {}
 
     def forward_keeping_ids(model, input_ids=None, *args, **kwargs):
         call.update(ids=input_ids, pooled=0)
         return forward(model, input_ids, *args, **kwargs)
 
-    def oracle_pool(recurrence, layer_states, real, positions, config):
+    def pool_first_window(recurrence, layer_states, real, positions, config):
         call["pooled"] += 1
-        window = call["ids"].shape[1] // 2  # the toy's two windows
         if call["pooled"] > 1:
             return pool(recurrence, layer_states, real, positions, config)
+        window = call["ids"].shape[1] // 2  # the toy's two windows
+        return pool_window_0(recurrence, layer_states, call["ids"][:, :window], config)
+
+    def init_adding(recurrence, config):
+        init(recurrence, config)
+        add_parameters(recurrence, config)
+
+    RecurrentGPT2LMHeadModel.forward, RecurrentDecoderRecurrence.pool = forward_keeping_ids, pool_first_window
+    if add_parameters is not None:
+        RecurrentDecoderRecurrence.__init__ = init_adding
+    try:
+        yield
+    finally:
+        RecurrentGPT2LMHeadModel.forward, RecurrentDecoderRecurrence.pool = forward, pool
+        RecurrentDecoderRecurrence.__init__ = init
+
+
+def _one_slot_each(total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`pool`'s `(total, weight, reference)` for slots that each hold one state: (batch, k, hidden) as given."""
+    ones = total.new_ones(total.shape[:2])
+    return total, ones, torch.zeros_like(ones)
+
+
+@contextlib.contextmanager
+def oracle_writer(mode: str, vocab: AssociativeVocab, num_pairs: int) -> Iterator[None]:
+    """While active, every recurrent GPT-2 pools window 0 by an oracle instead of its writer: slot i takes the source
+    states (the layer mix) of exactly pair i's value token (`mode="value"`) or of its key and value tokens summed
+    (`"key_value"`), pairs in window order; later windows pool as configured. It asks whether the reader can bind
+    what a perfect writer gives it, apart from what the writer learns to pick."""
+    if mode not in ORACLES:
+        raise ValueError(f"oracle must be one of {ORACLES}, got {mode!r}")
+
+    def oracle_pool(recurrence, layer_states, ids, config):
         states = recurrence._source_states(layer_states, config)  # (batch, window, hidden)
-        ids = call["ids"][:, :window]
+        window = ids.shape[1]
         columns = torch.arange(window).expand_as(ids)
         # Each row's value tokens' columns in window order, (batch, num_pairs).
         values = torch.where(ids >= vocab.value_offset, columns, window).sort(-1).values[:, :num_pairs]
@@ -107,14 +167,52 @@ def oracle_writer(mode: str, vocab: AssociativeVocab, num_pairs: int) -> Iterato
         total = states[rows, values]  # (batch, num_pairs, hidden)
         if mode == "key_value":
             total = total + states[rows, values - 1]  # each key right before its value
-        ones = total.new_ones(total.shape[:2])
-        return total, ones, torch.zeros_like(ones)
+        return _one_slot_each(total)
 
-    RecurrentGPT2LMHeadModel.forward, RecurrentDecoderRecurrence.pool = forward_keeping_ids, oracle_pool
-    try:
+    with _writer_of_window_0(oracle_pool):
         yield
-    finally:
-        RecurrentGPT2LMHeadModel.forward, RecurrentDecoderRecurrence.pool = forward, pool
+
+
+@contextlib.contextmanager
+def selecting_writer(select: str, vocab: AssociativeVocab) -> Iterator[list[float]]:
+    """While active, every recurrent GPT-2 built pools window 0 by a selecting writer: each token's source states are
+    summed with those of the token before it (a token shift: a value token then holds its key, as the key-value
+    oracle's slots do), scored by two learned vectors (one over the token's states, one over its predecessor's, zero
+    at first), and the `memory_slots` best-scoring tokens are kept, one per slot in window order, each scaled by
+    2 sigmoid(score) (1 at the zero start; the scores learn through it, from the kept tokens only). Ties, as at the
+    start, go to the latest tokens. `select="values"` adds `FORCED_SCORE` to the value tokens' scores, so the writer
+    keeps them (and with more slots than pairs the latest other tokens too): the same writer with a perfect choice.
+
+    Yields a list that holds, per window 0 pooled since the last training step (the final scoring, once trained),
+    the share of the kept tokens that are value tokens."""
+    if select not in SELECTIONS:
+        raise ValueError(f"selection must be one of {SELECTIONS}, got {select!r}")
+    kept_values: list[float] = []
+
+    def add_scores(recurrence, config):
+        recurrence.selection_scores = nn.Parameter(torch.zeros(2, config.text_config.hidden_size))
+
+    def selecting_pool(recurrence, layer_states, ids, config):
+        states = recurrence._source_states(layer_states, config)  # (batch, window, hidden)
+        previous = torch.nn.functional.pad(states, (0, 0, 1, 0))[:, :-1]  # zeros before the first token
+        batch, window, hidden = states.shape
+        token_scores, previous_scores = recurrence.selection_scores.float()
+        scores = (states @ token_scores + previous @ previous_scores) / hidden**0.5  # (batch, window)
+        if select == "values":
+            scores = scores + FORCED_SCORE * (ids >= vocab.value_offset)
+        # The tie-break: far below any learned difference, it only orders equal scores, the latest first.
+        ranked = scores + 1e-6 * torch.arange(window)
+        kept = ranked.topk(config.memory_slots, dim=1).indices.sort(1).values  # (batch, k), in window order
+        rows = torch.arange(batch)[:, None]
+        gates = 2 * torch.sigmoid(scores[rows, kept])  # (batch, k)
+        if torch.is_grad_enabled():
+            kept_values.clear()
+        else:
+            kept_values.append(float((ids.gather(1, kept) >= vocab.value_offset).float().mean()))
+        return _one_slot_each((states + previous)[rows, kept] * gates[..., None])
+
+    with _writer_of_window_0(selecting_pool, add_scores):
+        yield kept_values
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -132,7 +230,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def planned_kwargs(name: str, args: argparse.Namespace) -> dict:
     """`run_recall_experiment`'s settings of a variant."""
     curriculum = [[8, args.curriculum_steps]] if args.curriculum_steps else []
-    settings = {key: value for key, value in VARIANTS[name][1].items() if key != "oracle"}
+    settings = {key: value for key, value in VARIANTS[name][1].items() if key not in WRITERS}
     return {**BASE, "steps": args.steps, "curriculum": curriculum, "eval_size": args.eval_size, **settings}
 
 
@@ -146,13 +244,15 @@ def results_table(records: dict[str, dict]) -> dict:
                 name,
                 VARIANTS[name][0],
                 describe_memory(kwargs["memory"], kwargs["n_layer"])
-                + (f"; oracle writer ({record['oracle']})" if record.get("oracle") else ""),
+                + (f"; oracle writer ({record['oracle']})" if record.get("oracle") else "")
+                + (f"; selecting writer ({record['selection']})" if record.get("selection") else ""),
                 f"{kwargs['steps']:,}",
                 f"{record['accuracy']:.3f}",
                 f"{1 / pairs:.2f} / {1 / values:.3f}",
                 f"{record['row_value_rate']:.3f}",
                 f"{pairs / values:.3f}",
                 f"{record['swapped_accuracy']:.3f}",
+                f"{record['kept_value_share']:.3f}" if "kept_value_share" in record else "–",
                 f"{record['cpu_seconds'] / 60:.1f}",
             ]
         )
@@ -166,6 +266,7 @@ def results_table(records: dict[str, dict]) -> dict:
         "answer among the row's values",
         "same, by guessing",
         "swapped",
+        "kept tokens that are values",
         "CPU min",
     ]
     return bench.table(headers, rows)
@@ -175,6 +276,17 @@ def recorded(args: argparse.Namespace) -> dict[str, dict]:
     if args.fresh or not args.output_json.exists():
         return {}
     return json.loads(args.output_json.read_text())["values"]["runs"]
+
+
+def reproducing_command(runs: dict[str, dict]) -> str:
+    """The command line, less its `--variants` once the record holds every variant: the variants may have been run
+    a few at a time, and the plain command resumes the record (it skips what is recorded with the same settings)."""
+    words = shlex.split(bench.command_line())
+    if set(runs) != set(VARIANTS) or "--variants" not in words:
+        return shlex.join(words)
+    start = words.index("--variants")
+    end = next((i for i in range(start + 1, len(words)) if words[i].startswith("--")), len(words))
+    return shlex.join(words[:start] + words[end:])
 
 
 def save(args: argparse.Namespace, machine: dict, runs: dict[str, dict]) -> None:
@@ -188,7 +300,8 @@ def save(args: argparse.Namespace, machine: dict, runs: dict[str, dict]) -> None
     # Written beside, then moved over the record, so that an interrupted write loses nothing recorded.
     partial = args.output_json.with_name(args.output_json.name + ".partial")
     scratch = argparse.Namespace(**{**vars(args), "output_json": partial, "write_docs": False})
-    bench.write_results(scratch, machine, {"variants": results_table(runs)}, values, text)
+    tables = {"variants": results_table(runs)}
+    bench.write_results(scratch, machine, tables, values, text, command=reproducing_command(runs))
     os.replace(partial, args.output_json)
     if args.write_docs:
         bench.render_docs()
@@ -201,9 +314,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     machine = bench.describe_machine(device, dtype)
     runs = recorded(args)
     for name in args.variants:
-        planned = {"id": name, "kwargs": planned_kwargs(name, args), "oracle": VARIANTS[name][1].get("oracle")}
+        planned = {"id": name, "kwargs": planned_kwargs(name, args)}
+        planned |= {key: VARIANTS[name][1][key] for key in WRITERS if key in VARIANTS[name][1]}
         if name in runs:
-            if (runs[name]["kwargs"], runs[name].get("oracle")) != (planned["kwargs"], planned["oracle"]):
+            if [runs[name].get(key) for key in ("kwargs", *WRITERS)] != [planned.get(k) for k in ("kwargs", *WRITERS)]:
                 raise SystemExit(
                     f"{args.output_json} holds variant {name!r} run with other settings ({runs[name]['kwargs']}); "
                     "pass --fresh to discard it, or another --output-json"
@@ -216,13 +330,16 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         started = time.perf_counter()
         kwargs = planned["kwargs"]
         vocab = AssociativeVocab(FILLER, kwargs["num_keys"], kwargs["num_values"])
-        writer = (
-            oracle_writer(planned["oracle"], vocab, kwargs["num_pairs"])
-            if planned["oracle"]
-            else contextlib.nullcontext()
-        )
-        with writer:
+        if "oracle" in planned:
+            writer = oracle_writer(planned["oracle"], vocab, kwargs["num_pairs"])
+        elif "selection" in planned:
+            writer = selecting_writer(planned["selection"], vocab)
+        else:
+            writer = contextlib.nullcontext()
+        with writer as kept_values:
             runs[name] = run_arm(planned, device, dtype)
+        if kept_values:
+            runs[name]["kept_value_share"] = sum(kept_values) / len(kept_values)
         print(
             f"{name}: accuracy {runs[name]['accuracy']:.3f}, among the row's values {runs[name]['row_value_rate']:.3f}, "
             f"swapped {runs[name]['swapped_accuracy']:.3f} ({time.perf_counter() - started:.0f} s)",

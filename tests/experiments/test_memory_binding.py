@@ -83,3 +83,83 @@ def test_the_oracle_writer_pools_each_pair_into_its_own_slot_and_is_undone_after
     assert torch.equal(weight, torch.ones(3, pairs)) and torch.equal(reference, torch.zeros(3, pairs))
     # The last window pools as configured: softmax slots over its 16 columns.
     assert len(pooled) == 2 and torch.allclose(pooled[1][1][1], torch.full((3, pairs), 16.0))
+
+
+@pytest.mark.parametrize("select", ["learned", "values"])
+def test_the_selecting_writer_keeps_the_best_scoring_tokens_with_their_predecessors(select, monkeypatch, one_thread):
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    script = runpy.run_path(str(EXPERIMENTS / "memory_binding.py"))
+    vocab, window, slots = AssociativeVocab(num_filler=16, num_keys=8, num_values=8), 16, 2
+    memory = {"memory_slots": slots, "memory_pooling": "attention", "memory_read_layers": [0, 1]}
+    original = (RecurrentDecoderRecurrence.pool, RecurrentDecoderRecurrence.__init__)
+    pooled = []
+    with script["selecting_writer"](select, vocab) as kept_values:
+        model, batches = model_of("associative", window, 2, memory)
+        ids, labels, _ = batches(3, torch.Generator().manual_seed(0))
+        selecting = RecurrentDecoderRecurrence.pool
+
+        def spy(recurrence, layer_states, *args):
+            pooled.append(
+                (recurrence._source_states(layer_states, model.config), selecting(recurrence, layer_states, *args))
+            )
+            return pooled[-1][1]
+
+        # Set and undone by hand, inside the writer: monkeypatch would put the writer back at teardown.
+        RecurrentDecoderRecurrence.pool = spy
+        try:
+            model(ids, labels=labels, use_cache=False).loss.backward()
+            with torch.no_grad():
+                model(ids, use_cache=False)
+        finally:
+            RecurrentDecoderRecurrence.pool = selecting
+    assert (RecurrentDecoderRecurrence.pool, RecurrentDecoderRecurrence.__init__) == original
+    scores = model.recurrence.selection_scores
+    # Zero at first; trained by the loss through the kept tokens' gates.
+    assert scores.shape == (2, 32) and scores.grad is not None and scores.grad.abs().sum() > 0
+    states, (total, weight, reference) = pooled[0]  # window 0 of the trained call
+    previous = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], dim=1)
+    for row in range(3):
+        if select == "values":
+            # Every value token, each with its key (the token before it), scaled by 2 sigmoid(FORCED_SCORE).
+            columns = [c for c in range(window) if ids[row, c] >= vocab.value_offset]
+            gate = 2 * torch.sigmoid(torch.tensor(script["FORCED_SCORE"]))
+        else:
+            columns, gate = [window - 2, window - 1], torch.tensor(1.0)  # zero scores: the latest tokens
+        expected = (states[row, columns] + previous[row, columns]) * gate
+        torch.testing.assert_close(total[row], expected)
+    assert torch.equal(weight, torch.ones(3, slots)) and torch.equal(reference, torch.zeros(3, slots))
+    # The share of kept value tokens is recorded for the scoring, not for training.
+    assert len(pooled) == 4 and len(kept_values) == 1
+    assert kept_values[0] == (
+        1.0 if select == "values" else float((ids[:, window - 2 : window] >= vocab.value_offset).float().mean())
+    )
+
+
+def test_a_writer_of_another_name_is_refused(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    script = runpy.run_path(str(EXPERIMENTS / "memory_binding.py"))
+    vocab = AssociativeVocab(num_filler=16, num_keys=8, num_values=8)
+    with (
+        pytest.raises(ValueError, match="selection must be one of .* got 'best'"),
+        script["selecting_writer"]("best", vocab),
+    ):
+        pass
+    with (
+        pytest.raises(ValueError, match="oracle must be one of .* got 'key'"),
+        script["oracle_writer"]("key", vocab, 2),
+    ):
+        pass
+
+
+def test_the_recorded_command_drops_the_variants_once_every_variant_is_recorded(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    script = runpy.run_path(str(EXPERIMENTS / "memory_binding.py"))
+    argv = [str(EXPERIMENTS / "memory_binding.py"), "--variants", "paper", "pairs_2", "--steps", "9"]
+    monkeypatch.setattr("sys.argv", argv)
+    every = dict.fromkeys(script["VARIANTS"], {})
+    assert script["reproducing_command"](every) == "python experiments/memory_binding.py --steps 9"
+    some = {"paper": {}, "pairs_2": {}}
+    assert (
+        script["reproducing_command"](some)
+        == "python experiments/memory_binding.py --variants paper pairs_2 --steps 9"
+    )
