@@ -509,6 +509,15 @@ def _jsonable(value: object) -> object:
     return str(value)
 
 
+def write_json(path: Path, content: dict) -> None:
+    """Write `content` as indented JSON to `path`, beside it first and then moved over it, so that an interrupted write
+    leaves the file as it was (resumable runs rewrite their record after every arm)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(content, indent=2) + "\n")
+    os.replace(partial, path)
+
+
 def write_results(
     args: argparse.Namespace,
     machine: dict,
@@ -520,7 +529,8 @@ def write_results(
     """Print the run's tables and text, and write the run as JSON to `args.output_json`: the command, the date, the
     machine (with the load at the end), the settings, the measured `values`, and what the docs show of
     them: `tables` and `text` (named groups of lines derived from the numbers, such as a goal's verdict); `extra`
-    adds top-level fields. With `--write-docs`, re-render the docs. Returns what was written."""
+    adds top-level fields (or replaces one, such as the `command` a resumable run records). The file is replaced
+    whole (`write_json`). With `--write-docs`, re-render the docs. Returns what was written."""
     result = {
         "script": Path(sys.argv[0]).name,
         "command": command_line(),
@@ -538,8 +548,7 @@ def write_results(
         print(markdown_table(shown) + "\n")
     for lines in result["text"].values():
         print("\n".join(lines) + "\n")
-    args.output_json.parent.mkdir(parents=True, exist_ok=True)
-    args.output_json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.output_json, result)
     print(f"wrote {args.output_json}")
     if args.write_docs:
         render_docs()

@@ -22,7 +22,6 @@ import contextlib
 import datetime
 import inspect
 import json
-import os
 import shlex
 import time
 from collections.abc import Callable, Iterator
@@ -296,15 +295,8 @@ def save(args: argparse.Namespace, machine: dict, runs: dict[str, dict]) -> None
             f"{len(runs)} variants, {total / 60:.1f} CPU-minutes of training and scoring in all (one torch thread each)."
         ]
     }
-    values = {"runs": runs}
-    # Written beside, then moved over the record, so that an interrupted write loses nothing recorded.
-    partial = args.output_json.with_name(args.output_json.name + ".partial")
-    scratch = argparse.Namespace(**{**vars(args), "output_json": partial, "write_docs": False})
     tables = {"variants": results_table(runs)}
-    bench.write_results(scratch, machine, tables, values, text, command=reproducing_command(runs))
-    os.replace(partial, args.output_json)
-    if args.write_docs:
-        bench.render_docs()
+    bench.write_results(args, machine, tables, {"runs": runs}, text, command=reproducing_command(runs))
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict]:

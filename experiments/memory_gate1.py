@@ -18,7 +18,6 @@ import contextlib
 import datetime
 import io
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -258,16 +257,14 @@ def save(
             print(f"wrote {args.plot}")
         result = bench.write_results(args, machine, tables, values, text, plot=str(args.plot))
         if kept is not None:
-            result |= {name: kept[name] for name in ("command", "date", "note", "machine")}
-            args.output_json.write_text(json.dumps(result, indent=2) + "\n")
+            bench.write_json(
+                args.output_json, result | {name: kept[name] for name in ("command", "date", "note", "machine")}
+            )
         return
-    partial = argparse.Namespace(
-        **{**vars(args), "output_json": args.output_json.with_name(args.output_json.name + ".partial")}
-    )
-    partial.write_docs = False
+    # After each run: quietly, and the docs only at the end.
+    scratch = argparse.Namespace(**{**vars(args), "write_docs": False})
     with contextlib.redirect_stdout(io.StringIO()):
-        bench.write_results(partial, machine, tables, values, text, plot=str(args.plot))
-    os.replace(partial.output_json, args.output_json)
+        bench.write_results(scratch, machine, tables, values, text, plot=str(args.plot))
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

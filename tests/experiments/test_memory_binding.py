@@ -1,8 +1,10 @@
 """`experiments/memory_binding.py`: each variant is the gate's 4-pair arm with the one change it names, its record
 says how often the answer is one of the row's stored values, and a rerun resumes or refuses other settings."""
 
+import contextlib
 import json
 import runpy
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -12,6 +14,24 @@ from hf_recurrence.models.recurrent_decoder.step_recurrent_decoder import Recurr
 
 from ..scripts import EXPERIMENTS, run_script, written
 from .test_memory_gates import model_of
+
+
+@contextlib.contextmanager
+def spying_on_pool(model) -> Iterator[list]:
+    """Records, per pooling while active, `model`'s source states and what the pooling in place (a patched writer's)
+    returned. Set and undone by hand: monkeypatch would put the patched writer back on the class at teardown, and
+    every later test would pool by it."""
+    writer, pooled = RecurrentDecoderRecurrence.pool, []
+
+    def spy(recurrence, layer_states, *args):
+        pooled.append((recurrence._source_states(layer_states, model.config), writer(recurrence, layer_states, *args)))
+        return pooled[-1][1]
+
+    RecurrentDecoderRecurrence.pool = spy
+    try:
+        yield pooled
+    finally:
+        RecurrentDecoderRecurrence.pool = writer
 
 
 def test_the_script_records_each_variant_and_a_rerun_resumes(tmp_path):
@@ -56,22 +76,8 @@ def test_the_oracle_writer_pools_each_pair_into_its_own_slot_and_is_undone_after
     model, batches = model_of("associative", window, 2, memory)
     ids, _, _ = batches(3, torch.Generator().manual_seed(0))
     original = RecurrentDecoderRecurrence.pool
-    pooled = []
-    with script["oracle_writer"](mode, vocab, pairs):
-        oracle = RecurrentDecoderRecurrence.pool
-
-        def spy(recurrence, layer_states, *args):
-            pooled.append(
-                (recurrence._source_states(layer_states, model.config), oracle(recurrence, layer_states, *args))
-            )
-            return pooled[-1][1]
-
-        # Set and undone by hand, inside the writer: monkeypatch would put the oracle back at teardown.
-        RecurrentDecoderRecurrence.pool = spy
-        try:
-            model(ids, use_cache=False)
-        finally:
-            RecurrentDecoderRecurrence.pool = oracle
+    with script["oracle_writer"](mode, vocab, pairs), spying_on_pool(model) as pooled:
+        model(ids, use_cache=False)
     assert RecurrentDecoderRecurrence.pool is original
     states, (total, weight, reference) = pooled[0]  # window 0
     for row in range(3):
@@ -92,26 +98,13 @@ def test_the_selecting_writer_keeps_the_best_scoring_tokens_with_their_predecess
     vocab, window, slots = AssociativeVocab(num_filler=16, num_keys=8, num_values=8), 16, 2
     memory = {"memory_slots": slots, "memory_pooling": "attention", "memory_read_layers": [0, 1]}
     original = (RecurrentDecoderRecurrence.pool, RecurrentDecoderRecurrence.__init__)
-    pooled = []
     with script["selecting_writer"](select, vocab) as kept_values:
         model, batches = model_of("associative", window, 2, memory)
         ids, labels, _ = batches(3, torch.Generator().manual_seed(0))
-        selecting = RecurrentDecoderRecurrence.pool
-
-        def spy(recurrence, layer_states, *args):
-            pooled.append(
-                (recurrence._source_states(layer_states, model.config), selecting(recurrence, layer_states, *args))
-            )
-            return pooled[-1][1]
-
-        # Set and undone by hand, inside the writer: monkeypatch would put the writer back at teardown.
-        RecurrentDecoderRecurrence.pool = spy
-        try:
+        with spying_on_pool(model) as pooled:
             model(ids, labels=labels, use_cache=False).loss.backward()
             with torch.no_grad():
                 model(ids, use_cache=False)
-        finally:
-            RecurrentDecoderRecurrence.pool = selecting
     assert (RecurrentDecoderRecurrence.pool, RecurrentDecoderRecurrence.__init__) == original
     scores = model.recurrence.selection_scores
     # Zero at first; trained by the loss through the kept tokens' gates.

@@ -227,13 +227,22 @@ def _decode_in_place(
     `append_step` would: the step's key/value written into the buffers (a real column at its window position,
     padding into the spare slot), `slot_valid`, `fill`, the pooled states and the overlap. `h_prev_kv`: h_prev's
     key and value at each reading layer. Returns the step's logits."""
-    step = model._step(
-        settings, embeds, real, fill, slot_valid, window_index > 0, h_prev, None, *buffers, h_prev_kv=h_prev_kv
-    )
     column = real[:, 0]  # (batch,)
     slot = torch.where(column, fill, settings.window_size)  # (batch,)
-    for buffer, new in zip(buffers, step.keys + step.values, strict=True):
-        buffer.scatter_(2, slot[:, None, None, None].expand(*buffer.shape[:2], 1, buffer.shape[3]), new[:, :, -1:])
+    # Every layer writes the column's key/value into its buffers itself, before attending over them.
+    step = model._step(
+        settings,
+        embeds,
+        real,
+        fill,
+        slot_valid,
+        window_index > 0,
+        h_prev,
+        None,
+        *buffers,
+        h_prev_kv=h_prev_kv,
+        write_slots=slot,
+    )
     slot_valid.scatter_(1, slot[:, None], real)
     fill.add_(column.long())
     pooled = (pooled_sum, pooled_weight, pooled_reference)

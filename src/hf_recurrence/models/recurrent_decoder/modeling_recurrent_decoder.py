@@ -639,6 +639,7 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         targets: torch.Tensor | None,
         *past: torch.Tensor,
         h_prev_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+        write_slots: torch.Tensor | None = None,
     ) -> _StepOutput:
         """Run the backbone over one stretch of columns that stays inside each row's current window.
 
@@ -646,14 +647,16 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         real: (batch, cols) bool; fill: (batch,) tokens already in each row's window; `past` = the cached keys of
         every layer, then their values. Pure in its tensor arguments, so it can be recomputed under checkpointing.
         `h_prev` (batch, memory_slots, hidden); `h_prev_kv`: its key and value at each reading layer, when known
-        (else computed from `h_prev`).
+        (else computed from `h_prev`). `write_slots` (batch,): a one-column step over fixed-shape buffers writes its
+        keys/values into them in place, at these slots, and returns the buffers as its keys/values (see
+        `_StepContext.write_slots`).
         """
         num_layers, num_new = len(_decoder_layers(self.backbone)), settings.num_new
         eager = settings.output_attentions or self.config._attn_implementation == "eager"
         slots = self.config.memory_slots
         use_h_prev = settings.uses_h_prev if settings.uses_h_prev is not None else bool(has_h_prev.any())
         positions, plain_mask, inserted_mask = step_positions_and_masks(
-            settings, real, fill, slot_valid, has_h_prev, embeds.dtype, eager, use_h_prev, slots
+            settings, real, fill, slot_valid, has_h_prev, embeds.dtype, eager, use_h_prev, slots, write_slots
         )
         ctx = step_context(
             self.backbone,
@@ -665,6 +668,7 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
             plain_mask=plain_mask,
             inserted_mask=inserted_mask,
             output_attentions=settings.output_attentions,
+            write_slots=write_slots,
         )
         result, hidden_states = self._run_backbone(
             settings,

@@ -92,6 +92,7 @@ def _attention_masks(
     all_real: bool | None,
     memory_slots: int = 1,
     uses_h_prev: bool = True,
+    write_slots: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Masks for the ordinary layers and for the layers that read the memory, (batch, 1, cols, [k +] slots + cols).
 
@@ -100,13 +101,17 @@ def _attention_masks(
     attention's own causal mask is the same (no cached slots, every column real). Additive float masks for eager
     attention, boolean ones otherwise. `all_real`: whether every column is real, when known on the host.
     `uses_h_prev`: whether the step joins `h_prev` at all; the reading layers' mask is None where it does not (no
-    layer reads that mask then).
+    layer reads that mask then). `write_slots` (batch,): where a one-column step's keys are written in place (see
+    `_StepContext.write_slots`); the masks then cover the slots alone, (batch, 1, 1, [k +] slots), the column's own
+    slot visible to it.
     """
     batch, cols = real.shape
     slots = slot_valid.shape[1]
     causal = torch.ones(cols, cols, dtype=torch.bool, device=real.device).tril()
     plain = None
-    if eager or slots or not (all_real if all_real is not None else bool(real.all())):
+    if write_slots is not None:
+        plain = slot_valid.scatter(1, write_slots[:, None], True)[:, None, None, :]  # (batch, 1, 1, slots)
+    elif eager or slots or not (all_real if all_real is not None else bool(real.all())):
         own = torch.eye(cols, dtype=torch.bool, device=real.device)
         new_part = (causal & real[:, None, :]) | own  # (batch, cols, cols)
         plain = torch.cat([slot_valid[:, None, :].expand(batch, cols, slots), new_part], dim=-1)[:, None]
@@ -150,6 +155,7 @@ def step_positions_and_masks(
     eager: bool,
     uses_h_prev: bool,
     memory_slots: int,
+    write_slots: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """A step's position ids, (batch, cols), which restart in every window, and its plain and reading-layer masks
     (see `_attention_masks`); over rows in lockstep, those an earlier step of the call with the same shape made
@@ -158,7 +164,7 @@ def step_positions_and_masks(
     def make() -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         positions = (fill[:, None] + real.cumsum(1) - 1).clamp(min=0)  # (batch, cols)
         masks = _attention_masks(
-            real, slot_valid, has_h_prev, dtype, eager, settings.all_real, memory_slots, uses_h_prev
+            real, slot_valid, has_h_prev, dtype, eager, settings.all_real, memory_slots, uses_h_prev, write_slots
         )
         return positions, *masks
 
@@ -189,10 +195,16 @@ class _StepContext:
         plain_mask: torch.Tensor | None = None,
         inserted_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
+        write_slots: torch.Tensor | None = None,
     ):
         self.read_layers = frozenset(read_layers)
         self.eager = eager
         self.past = past
+        # (batch,) the slot of each layer's `past` buffer that a one-column step's key/value is written into, in
+        # place, before the attention reads the whole buffer (a fixed-shape state's compiled single-token step, see
+        # `FixedShapeWindowCache`): no copy of the window's cache per token and layer. None: the keys are `past`
+        # followed by the step's columns.
+        self.write_slots = write_slots
         self.plain_mask, self.inserted_mask = plain_mask, inserted_mask
         # h_prev: (batch, memory_slots, hidden); each reading layer's pre-attention norm, by layer.
         self.h_prev, self.h_prev_norms = h_prev, h_prev_norms
@@ -339,7 +351,11 @@ def recurrent_attention(
         batch, heads, length, head_dim = query.shape
         return query.new_zeros(batch, length, heads, head_dim), None
     i = module.layer_idx
-    if ctx.past[i] is not None:
+    if ctx.write_slots is not None:
+        index = ctx.write_slots[:, None, None, None].expand(key.shape)  # (batch, kv_head, 1, head_dim)
+        key = ctx.past[i][0].scatter_(2, index, key)  # the buffer, (batch, kv_head, slots, head_dim)
+        value = ctx.past[i][1].scatter_(2, index, value)
+    elif ctx.past[i] is not None:
         key = torch.cat([ctx.past[i][0], key], dim=2)  # (batch, kv_head, slots + cols, head_dim)
         value = torch.cat([ctx.past[i][1], value], dim=2)
     ctx.keys[i], ctx.values[i] = key, value
