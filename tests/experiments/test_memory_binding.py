@@ -16,6 +16,22 @@ from ..scripts import EXPERIMENTS, run_script, written
 from .test_memory_gates import model_of
 
 
+# model_of's associative vocabulary (16 fillers, 8 keys, 8 values; 2 pairs per row).
+VOCAB = AssociativeVocab(num_filler=16, num_keys=8, num_values=8)
+
+
+def slots_at_both_layers(slots: int) -> dict:
+    """The memory of the gate's arm on model_of's 2-layer models: attention slots read at every layer."""
+    return {"memory_slots": slots, "memory_pooling": "attention", "memory_read_layers": [0, 1]}
+
+
+@pytest.fixture
+def script(monkeypatch) -> dict:
+    """The namespace of experiments/memory_binding.py (whose `import _common` resolves from experiments/)."""
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    return runpy.run_path(str(EXPERIMENTS / "memory_binding.py"))
+
+
 @contextlib.contextmanager
 def spying_on_pool(model) -> Iterator[list]:
     """Records, per pooling while active, `model`'s source states and what the pooling in place (a patched writer's)
@@ -67,12 +83,9 @@ def test_the_script_records_each_variant_and_a_rerun_resumes(tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["value", "key_value"])
-def test_the_oracle_writer_pools_each_pair_into_its_own_slot_and_is_undone_after(mode, monkeypatch, one_thread):
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))
-    script = runpy.run_path(str(EXPERIMENTS / "memory_binding.py"))
-    # model_of's associative vocabulary and layout: 16 fillers, 8 keys, 8 values, 2 pairs.
-    vocab, window, pairs = AssociativeVocab(num_filler=16, num_keys=8, num_values=8), 16, 2
-    memory = {"memory_slots": pairs, "memory_pooling": "attention", "memory_read_layers": [0, 1]}
+def test_the_oracle_writer_pools_each_pair_into_its_own_slot_and_is_undone_after(mode, script, one_thread):
+    vocab, window, pairs = VOCAB, 16, 2
+    memory = slots_at_both_layers(pairs)
     model, batches = model_of("associative", window, 2, memory)
     ids, _, _ = batches(3, torch.Generator().manual_seed(0))
     original = RecurrentDecoderRecurrence.pool
@@ -92,11 +105,9 @@ def test_the_oracle_writer_pools_each_pair_into_its_own_slot_and_is_undone_after
 
 
 @pytest.mark.parametrize("select", ["learned", "values"])
-def test_the_selecting_writer_keeps_the_best_scoring_tokens_with_their_predecessors(select, monkeypatch, one_thread):
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))
-    script = runpy.run_path(str(EXPERIMENTS / "memory_binding.py"))
-    vocab, window, slots = AssociativeVocab(num_filler=16, num_keys=8, num_values=8), 16, 2
-    memory = {"memory_slots": slots, "memory_pooling": "attention", "memory_read_layers": [0, 1]}
+def test_the_selecting_writer_keeps_the_best_scoring_tokens_with_their_predecessors(select, script, one_thread):
+    vocab, window, slots = VOCAB, 16, 2
+    memory = slots_at_both_layers(slots)
     original = (RecurrentDecoderRecurrence.pool, RecurrentDecoderRecurrence.__init__)
     with script["selecting_writer"](select, vocab) as kept_values:
         model, batches = model_of("associative", window, 2, memory)
@@ -128,25 +139,20 @@ def test_the_selecting_writer_keeps_the_best_scoring_tokens_with_their_predecess
     )
 
 
-def test_a_writer_of_another_name_is_refused(monkeypatch):
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))
-    script = runpy.run_path(str(EXPERIMENTS / "memory_binding.py"))
-    vocab = AssociativeVocab(num_filler=16, num_keys=8, num_values=8)
+def test_a_writer_of_another_name_is_refused(script):
     with (
         pytest.raises(ValueError, match="selection must be one of .* got 'best'"),
-        script["selecting_writer"]("best", vocab),
+        script["selecting_writer"]("best", VOCAB),
     ):
         pass
     with (
         pytest.raises(ValueError, match="oracle must be one of .* got 'key'"),
-        script["oracle_writer"]("key", vocab, 2),
+        script["oracle_writer"]("key", VOCAB, 2),
     ):
         pass
 
 
-def test_the_recorded_command_drops_the_variants_once_every_variant_is_recorded(monkeypatch):
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))
-    script = runpy.run_path(str(EXPERIMENTS / "memory_binding.py"))
+def test_the_recorded_command_drops_the_variants_once_every_variant_is_recorded(script, monkeypatch):
     argv = [str(EXPERIMENTS / "memory_binding.py"), "--variants", "paper", "pairs_2", "--steps", "9"]
     monkeypatch.setattr("sys.argv", argv)
     every = dict.fromkeys(script["VARIANTS"], {})
