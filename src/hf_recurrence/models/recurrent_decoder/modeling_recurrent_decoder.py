@@ -649,7 +649,8 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         `h_prev` (batch, memory_slots, hidden); `h_prev_kv`: its key and value at each reading layer, when known
         (else computed from `h_prev`). `write_slots` (batch,): a one-column step over fixed-shape buffers writes its
         keys/values into them in place, at these slots, and returns the buffers as its keys/values (see
-        `_StepContext.write_slots`).
+        `_StepContext.write_slots`); that step mutates `past`, so it is not pure: the compiled single-token decode
+        alone uses it, without gradients.
         """
         num_layers, num_new = len(_decoder_layers(self.backbone)), settings.num_new
         eager = settings.output_attentions or self.config._attn_implementation == "eager"
