@@ -4,6 +4,7 @@ generate == an argmax loop past several boundaries, a left-padded row == the row
 == eager, a saved state continues the text, window checkpointing == plain backpropagation) on four families; the
 defaults are the paper's model; new queries and biases start as the mean; bad values are refused by name."""
 
+import copy
 import json
 
 import pytest
@@ -12,7 +13,9 @@ from safetensors.torch import save_file
 from transformers import CompileConfig
 
 from hf_recurrence import RecurrentDecoderConfig, RecurrentDecoderForCausalLM
+from hf_recurrence.models.recurrent_decoder import step_recurrent_decoder
 from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder import STATE_NAME
+from hf_recurrence.models.recurrent_decoder.step_recurrent_decoder import _decoder_layers
 
 from ...common import assert_left_padded_rows_equal_the_rows_alone, chunked_logits, greedy_loop, loss_and_gradients
 from .backbones import BY_NAME, ids
@@ -95,6 +98,46 @@ def test_greedy_generate_past_several_windows_equals_an_argmax_loop(backbone, na
         prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=30, min_new_tokens=30, do_sample=False
     )
     assert torch.equal(generated, greedy_loop(model, prompt, 30))
+
+
+@pytest.mark.parametrize(("family", "name"), [("llama", "every_layer"), ("gpt2", "slots")])
+def test_generate_computes_the_slots_keys_and_values_once_per_window(family, name, monkeypatch):
+    model = memory_model(BY_NAME[family], name, window_overlap=2)
+    computed = []
+    probe = step_recurrent_decoder._h_prev_key_value
+
+    def counting(module, ctx, layer):
+        computed.append(layer)
+        return probe(module, ctx, layer)
+
+    monkeypatch.setattr(step_recurrent_decoder, "_h_prev_key_value", counting)
+    out = model.generate(
+        ids(1, 4), max_new_tokens=30, min_new_tokens=30, do_sample=False, return_dict_in_generate=True
+    )
+    windows_with_memory = int(getattr(out, STATE_NAME).window_index)
+    assert windows_with_memory >= 3
+    assert sorted(computed) == sorted(model.config.read_layers * windows_with_memory)
+
+
+@pytest.mark.parametrize(("family", "name"), [("llama", "every_layer"), ("gpt2", "slots")])
+def test_a_call_after_generate_reads_the_memory_with_the_weights_of_that_call(family, name):
+    model = memory_model(BY_NAME[family], name, window_overlap=2)
+    out = model.generate(
+        ids(1, 4), max_new_tokens=10, min_new_tokens=10, do_sample=False, return_dict_in_generate=True
+    )
+    state = getattr(out, STATE_NAME)
+    assert int(state.window_index) >= 1 and 0 < int(state.fill) < model.config.window_size
+    following = ids(1, 1, seed=3)
+    with torch.no_grad():
+        before = model(following, past_key_values=copy.deepcopy(state)).logits
+        # Weights change between calls on one state (a training step): only the memory's keys at one reading layer.
+        attention = _decoder_layers(model.backbone)[model.config.read_layers[-1]]
+        next(p for n, p in attention.named_parameters() if "k_proj" in n or "c_attn" in n).mul_(3.0)
+        after = model(following, past_key_values=copy.deepcopy(state)).logits
+        # The same call over a copy whose memory is a new tensor, so nothing generate() kept can be read.
+        recomputed = model(following, past_key_values=copy.deepcopy(state).detach()).logits
+    assert (after - before).abs().max() > 1e-4
+    torch.testing.assert_close(after, recomputed)
 
 
 @pytest.mark.parametrize(("backbone", "name"), ROWS, ids=ROW_IDS)

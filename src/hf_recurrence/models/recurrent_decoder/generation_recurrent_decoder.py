@@ -30,6 +30,7 @@ from collections.abc import Callable
 import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation import CompileConfig, MaxLengthCriteria, StoppingCriteriaList
+from transformers.utils.deprecation import deprecate_kwarg
 
 from .state_recurrent_decoder import (
     FIXED_SHAPE_CACHE_IMPLEMENTATION,
@@ -42,9 +43,33 @@ from .state_recurrent_decoder import (
 from .step_recurrent_decoder import _StepSettings, merge_pooled
 
 
+def _renaming_the_state_arguments(generate: Callable) -> Callable:
+    """`generate` with the stock generate()'s renames of the state's old argument names (transformers 5.24 on), done
+    before it runs, so that their deprecation warning names the caller, as the stock generate()'s does, rather than
+    the override that calls it."""
+    if STATE_NAME != "past_key_values":
+        for old_name in ("past_key_values", "cache_params"):
+            generate = deprecate_kwarg(old_name, "6.0.0", new_name=STATE_NAME)(generate)
+    return generate
+
+
 class RecurrentDecoderGenerationMixin(GenerationMixin):
     """generate() over the recurrent state: the hooks a causal LM of the core overrides, and its single-token decode
     over a fixed-shape state (`_decode_token`)."""
+
+    @_renaming_the_state_arguments
+    @functools.wraps(GenerationMixin.generate)
+    def generate(self, *args, **kwargs):
+        # generate() reads its text with fixed weights, so h_prev's keys and values at the reading layers are
+        # computed once per window and kept in the state (`RecurrentDecoderState.h_prev_key_values`) instead of at
+        # every token. Outside generate() they are computed in every call: weights may change between calls on one
+        # state (training, an adapter switched on or off).
+        reading = self.__dict__.get("_reads_with_fixed_weights", False)
+        self.__dict__["_reads_with_fixed_weights"] = True
+        try:
+            return super().generate(*args, **kwargs)
+        finally:
+            self.__dict__["_reads_with_fixed_weights"] = reading
 
     def _get_stopping_criteria(self, *args, **kwargs) -> StoppingCriteriaList:
         criteria = super()._get_stopping_criteria(*args, **kwargs)

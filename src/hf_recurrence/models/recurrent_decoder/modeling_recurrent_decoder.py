@@ -17,6 +17,7 @@ decode. Every class a checkpoint's `auto_map` names is importable from here.
 """
 
 import copy
+import functools
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -646,8 +647,8 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         embeds: (batch, cols, hidden) token embeddings (a re-read overlap prefix, then `num_new` new columns);
         real: (batch, cols) bool; fill: (batch,) tokens already in each row's window; `past` = the cached keys of
         every layer, then their values. Pure in its tensor arguments, so it can be recomputed under checkpointing.
-        `h_prev` (batch, memory_slots, hidden); `h_prev_kv`: its key and value at each reading layer, when known
-        (else computed from `h_prev`). `write_slots` (batch,): a one-column step over fixed-shape buffers writes its
+        `h_prev` (batch, memory_slots, hidden); `h_prev_kv`: where its key and value at the reading layers are kept
+        for the window, by layer (a layer missing from it adds its own; None: computed from `h_prev` in the step). `write_slots` (batch,): a one-column step over fixed-shape buffers writes its
         keys/values into them in place, at these slots, and returns the buffers as its keys/values (see
         `_StepContext.write_slots`); that step mutates `past`, so it is not pure: the compiled single-token decode
         alone uses it, without gradients.
@@ -819,7 +820,10 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
                 *state.keys,
                 *state.values,
             )
-            flat = self.window_step(self._step, settings, *args)
+            step_fn = self._step
+            if self.__dict__.get("_reads_with_fixed_weights", False) and not torch.is_grad_enabled():
+                step_fn = functools.partial(step_fn, h_prev_kv=state.h_prev_key_values(self))
+            flat = self.window_step(step_fn, settings, *args)
             step = _StepOutput.from_flat(flat, len(state.keys), settings)
             state.append_step(step.keys, step.values, step_real, step.pooled, new_embeds, new_real)
             # The state owns the cache and the pooled sum now; a reference left here would keep every window's cache

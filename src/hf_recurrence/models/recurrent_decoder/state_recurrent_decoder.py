@@ -347,6 +347,9 @@ class RecurrentDecoderState:
         # is then planned without reading the device. None once rows may differ.
         self._lockstep: tuple[int, int] | None = (0, 0)
         self._backbone = config.text_config.model_type
+        # (h_prev, the model, h_prev's key and value at the model's reading layers so far, by layer): see
+        # `h_prev_key_values`.
+        self._h_prev_kv: tuple[torch.Tensor, weakref.ref, dict[int, tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -377,6 +380,18 @@ class RecurrentDecoderState:
         """`(fill, window_index)` of every row while all rows have read the same number of tokens and no padding;
         None otherwise."""
         return self._lockstep
+
+    def h_prev_key_values(self, model: nn.Module) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Where `model` keeps `h_prev`'s key and value at its reading layers, by layer, (batch, kv_heads,
+        memory_slots, head_dim) each, for a text it reads with fixed weights (generate(), see
+        `RecurrentDecoderGenerationMixin.generate`): the layers add them as they compute them, so each window's are
+        computed once rather than at every token. Empty again whenever `h_prev` changes (every change binds a new
+        tensor: `start_windows`, `reset`, `detach`, `to`, `reorder_cache`) or another model reads the state. They
+        hold the weights of the call that computed them."""
+        kept = self._h_prev_kv
+        if kept is None or kept[0] is not self.h_prev or kept[1]() is not model:
+            kept = self._h_prev_kv = (self.h_prev, weakref.ref(model), {})
+        return kept[2]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Number of input positions (padding included) consumed so far; what `generate` slices new tokens by."""
@@ -804,21 +819,18 @@ class FixedShapeWindowCache:
         # A bound on every row's fill known on the host (None: not known), so that a compiled single-token step knows
         # without reading the device that no row begins a window in it; the compiled steps raise it by one each.
         self._fill_bound: int | None = None
-        # (h_prev, the model, h_prev's key and value at each of the model's reading layers): fixed for a whole window.
-        self._h_prev_kv: tuple[torch.Tensor, weakref.ref, dict[int, tuple[torch.Tensor, torch.Tensor]]] | None = None
         # The model whose eager call last checked this state (inputs, config, shapes): its compiled single-token
         # calls trust that check instead of repeating it per token (see `RecurrentDecoderGenerationMixin._decode_token`
         # and `mark_checked`).
         self._checked_by: weakref.ref | None = None
 
     def h_prev_key_value(self, model: nn.Module) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-        """`h_prev`'s key and value at each of `model`'s reading layers, by layer, (batch, kv_heads, memory_slots,
-        head_dim) each: computed when `h_prev` changed (every change binds a new tensor: `start_windows`, `reset`,
-        `to`, `reorder_cache`), else kept. They hold the weights of the call that computed them: meant for a text read with fixed weights."""
-        cached = self._h_prev_kv
-        if cached is None or cached[0] is not self.h_prev or cached[1]() is not model:
-            cached = self._h_prev_kv = (self.h_prev, weakref.ref(model), model._h_prev_key_value(self.h_prev))
-        return cached[2]
+        """`h_prev`'s key and value at every one of `model`'s reading layers (`h_prev_key_values`, completed): what
+        the compiled single-token step reads, since a graph cannot add to it."""
+        kept = self.h_prev_key_values(model)
+        if len(kept) < len(model.config.read_layers):
+            kept.update(model._h_prev_key_value(self.h_prev))
+        return kept
 
     def step_settings(self, settings: _StepSettings) -> _StepSettings:
         """Over a fixed-shape state a step always joins `h_prev` (masked in rows whose window has none) and reads

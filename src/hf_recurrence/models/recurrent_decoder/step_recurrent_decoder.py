@@ -211,8 +211,8 @@ class _StepContext:
         # (cos, sin) of the h_prev keys at each reading layer, (batch, memory_slots, rotary_dim) each; None: unrotated
         # (`h_prev_rope_position`).
         self.h_prev_rotations = h_prev_rotations
-        # h_prev's key/value at each reading layer when already known (a fixed-shape state keeps them for the whole
-        # window, see `FixedShapeWindowCache.h_prev_key_value`); None: computed from `h_prev` in the step.
+        # h_prev's key/value by reading layer, kept for the whole window (`RecurrentDecoderState.h_prev_key_values`):
+        # a layer missing from it computes its own from `h_prev` and adds them. None: computed in every step.
         self.h_prev_kv = h_prev_kv
         self.output_attentions = output_attentions
         # Filled by the layers: their keys/values (cache + step, per kv head) and attention weights.
@@ -286,12 +286,12 @@ def step_context(
 ) -> _StepContext:
     """The context of one step of `backbone` (the recurrent model's, with its `config`): the slots of `h_prev`
     (batch, memory_slots, hidden) join every reading layer (`config.read_layers`) through that layer's pre-attention
-    norm, their keys rotated per `h_prev_rope_position`, unless their keys and values are given (`h_prev_kv`, by
-    layer); None joins none. `step`: the other `_StepContext` fields."""
+    norm, their keys rotated per `h_prev_rope_position`, unless their keys and values are kept (`h_prev_kv`, by
+    layer, see `_StepContext.h_prev_kv`); None joins none. `step`: the other `_StepContext` fields."""
     layers = _decoder_layers(backbone)
     norm = PRE_ATTENTION_NORMS[config.text_config.model_type]
     read_layers = config.read_layers
-    rotate = h_prev is not None and h_prev_kv is None
+    rotate = h_prev is not None and (h_prev_kv is None or len(h_prev_kv) < len(read_layers))
     return _StepContext(
         read_layers=read_layers,
         h_prev=h_prev,
@@ -364,7 +364,13 @@ def recurrent_attention(
     if inserting:
         # Inside the layer's forward, where FSDP2 has gathered the layer's weights. h_prev's slots are extra
         # keys/values per kv head only: they never become queries, so the outputs stay one per token.
-        h_key, h_value = ctx.h_prev_kv[i] if ctx.h_prev_kv is not None else _h_prev_key_value(module, ctx, i)
+        kept = ctx.h_prev_kv
+        if kept is not None and i in kept:
+            h_key, h_value = kept[i]
+        else:
+            h_key, h_value = _h_prev_key_value(module, ctx, i)
+            if kept is not None:
+                kept[i] = (h_key, h_value)
         key, value, mask = torch.cat([h_key, key], dim=2), torch.cat([h_value, value], dim=2), ctx.inserted_mask
     output, weights = _inner_attention(module, ctx.eager)(module, query, key, value, mask, **kwargs)
     if ctx.output_attentions:
