@@ -78,6 +78,14 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         "the selecting writer with 8 slots",
         {"memory": {**SLOTS, "memory_slots": 8}, "selection": "learned"},
     ),
+    "sampled_selection": (
+        "the selecting writer choosing by its scores plus Gumbel noise in training (it tries every token)",
+        {"memory": SLOTS, "selection": "sampled"},
+    ),
+    "values_first": (
+        "the selecting writer made to keep the value tokens for the first half of the steps, then learned",
+        {"memory": SLOTS, "selection": "values_first"},
+    ),
     "selection_of_values": (
         "the selecting writer made to keep the value tokens",
         {"memory": SLOTS, "selection": "values"},
@@ -93,8 +101,9 @@ FILLER = inspect.signature(run_recall_experiment).parameters["num_filler"].defau
 ORACLES = ("value", "key_value")
 # The variant settings that replace the writer of window 0 rather than set the run: an oracle or a selection.
 WRITERS = ("oracle", "selection")
-# How a selecting writer picks the tokens it keeps: by its learned scores, or forced to the value tokens.
-SELECTIONS = ("learned", "values")
+# How a selecting writer picks the tokens it keeps: by its learned scores, by them plus Gumbel noise in training,
+# forced to the value tokens, or forced for the first half of the training steps and learned after.
+SELECTIONS = ("learned", "sampled", "values", "values_first")
 # Added to a value token's score by the forced selection: far above any learned score of this toy.
 FORCED_SCORE = 10.0
 
@@ -173,20 +182,26 @@ def oracle_writer(mode: str, vocab: AssociativeVocab, num_pairs: int) -> Iterato
 
 
 @contextlib.contextmanager
-def selecting_writer(select: str, vocab: AssociativeVocab) -> Iterator[list[float]]:
+def selecting_writer(select: str, vocab: AssociativeVocab, forced_steps: int = 0) -> Iterator[list[float]]:
     """While active, every recurrent GPT-2 built pools window 0 by a selecting writer: each token's source states are
     summed with those of the token before it (a token shift: a value token then holds its key, as the key-value
     oracle's slots do), scored by two learned vectors (one over the token's states, one over its predecessor's, zero
     at first), and the `memory_slots` best-scoring tokens are kept, one per slot in window order, each scaled by
     2 sigmoid(score) (1 at the zero start; the scores learn through it, from the kept tokens only). Ties, as at the
-    start, go to the latest tokens. `select="values"` adds `FORCED_SCORE` to the value tokens' scores, so the writer
-    keeps them (and with more slots than pairs the latest other tokens too): the same writer with a perfect choice.
+    start, go to the latest tokens. `select="sampled"` ranks by the scores plus Gumbel noise while training (a sample
+    of k tokens without replacement, each in proportion to exp(score)), so that every token is kept now and then and
+    its score learns whether keeping it helps, and by the scores alone when scoring. `select="values"` adds
+    `FORCED_SCORE` to the value tokens' scores, so the writer keeps them (and with more slots than pairs the latest
+    other tokens too): the same writer with a perfect choice. `select="values_first"` forces it for the first
+    `forced_steps` training steps and scores alone after: a reader first trained on a clean choice.
 
     Yields a list that holds, per window 0 pooled since the last training step (the final scoring, once trained),
     the share of the kept tokens that are value tokens."""
     if select not in SELECTIONS:
         raise ValueError(f"selection must be one of {SELECTIONS}, got {select!r}")
     kept_values: list[float] = []
+    noise = torch.Generator().manual_seed(0)
+    training_steps = 0
 
     def add_scores(recurrence, config):
         recurrence.selection_scores = nn.Parameter(torch.zeros(2, config.text_config.hidden_size))
@@ -197,10 +212,18 @@ def selecting_writer(select: str, vocab: AssociativeVocab) -> Iterator[list[floa
         batch, window, hidden = states.shape
         token_scores, previous_scores = recurrence.selection_scores.float()
         scores = (states @ token_scores + previous @ previous_scores) / hidden**0.5  # (batch, window)
-        if select == "values":
+        nonlocal training_steps
+        training_steps += torch.is_grad_enabled()
+        if select == "values" or (
+            select == "values_first" and torch.is_grad_enabled() and training_steps <= forced_steps
+        ):
             scores = scores + FORCED_SCORE * (ids >= vocab.value_offset)
         # The tie-break: far below any learned difference, it only orders equal scores, the latest first.
         ranked = scores + 1e-6 * torch.arange(window)
+        if select == "sampled" and torch.is_grad_enabled():
+            # Its own generator, so that the training examples are those of the other variants.
+            uniform = torch.rand(scores.shape, generator=noise).clamp_min(torch.finfo(scores.dtype).tiny)
+            ranked = ranked - torch.log(-torch.log(uniform))  # Gumbel-top-k
         kept = ranked.topk(config.memory_slots, dim=1).indices.sort(1).values  # (batch, k), in window order
         rows = torch.arange(batch)[:, None]
         gates = 2 * torch.sigmoid(scores[rows, kept])  # (batch, k)
@@ -325,7 +348,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         if "oracle" in planned:
             writer = oracle_writer(planned["oracle"], vocab, kwargs["num_pairs"])
         elif "selection" in planned:
-            writer = selecting_writer(planned["selection"], vocab)
+            writer = selecting_writer(planned["selection"], vocab, forced_steps=kwargs["steps"] // 2)
         else:
             writer = contextlib.nullcontext()
         with writer as kept_values:

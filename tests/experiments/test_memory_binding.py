@@ -139,6 +139,48 @@ def test_the_selecting_writer_keeps_the_best_scoring_tokens_with_their_predecess
     )
 
 
+def kept_columns(window_0) -> torch.Tensor:
+    """(rows, slots): the window columns a selecting writer kept, from what `spying_on_pool` saw of window 0; each
+    slot is one column's states with its predecessor's, scaled by its gate."""
+    states, (total, _, _) = window_0
+    candidates = states + torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], dim=1)
+    # (rows, slots, window)
+    similarity = torch.nn.functional.cosine_similarity(total[:, :, None], candidates[:, None], dim=-1)
+    assert torch.all(similarity.max(-1).values > 1 - 1e-5)
+    return similarity.argmax(-1)
+
+
+def test_the_writer_that_keeps_the_values_first_learns_its_choice_after(script, one_thread):
+    window, slots = 16, 2  # model_of's rows hold 2 pairs
+    with script["selecting_writer"]("values_first", VOCAB, forced_steps=1):
+        model, batches = model_of("associative", window, 2, slots_at_both_layers(slots))
+        ids, labels, _ = batches(3, torch.Generator().manual_seed(0))
+        with spying_on_pool(model) as pooled:
+            for _ in range(2):
+                model(ids, labels=labels, use_cache=False)
+    values = torch.stack([(row >= VOCAB.value_offset).nonzero()[:, 0] for row in ids[:, :window]])
+    assert values.shape == (3, slots) and torch.equal(kept_columns(pooled[0]), values)
+    # Then by the scores alone (all zero, no step taken: the latest tokens).
+    assert torch.equal(kept_columns(pooled[2]), torch.arange(window - slots, window).expand(3, slots))
+
+
+def test_the_sampling_writer_tries_every_token_in_training_and_keeps_the_best_when_scoring(script, one_thread):
+    window, slots, rows = 16, 2, 64
+    with script["selecting_writer"]("sampled", VOCAB):
+        model, batches = model_of("associative", window, 2, slots_at_both_layers(slots))
+        ids, labels, _ = batches(rows, torch.Generator().manual_seed(0))
+        with spying_on_pool(model) as pooled:
+            model(ids, labels=labels, use_cache=False)
+            with torch.no_grad():
+                model(ids, use_cache=False)
+    trained, scored = kept_columns(pooled[0]), kept_columns(pooled[2])
+    # In training, a sample: every column is kept in some row, in window order, never twice in a row.
+    assert set(trained.flatten().tolist()) == set(range(window))
+    assert torch.all(trained[:, 1:] > trained[:, :-1])
+    # Scoring: the best scores alone (all zero: the latest tokens).
+    assert torch.equal(scored, torch.tensor([window - 2, window - 1]).expand(rows, slots))
+
+
 def test_a_writer_of_another_name_is_refused(script):
     with (
         pytest.raises(ValueError, match="selection must be one of .* got 'best'"),
