@@ -27,7 +27,8 @@ Parts (`--parts`):
   not run where the prompt and the new tokens pass its `max_position_embeddings` (`--stock-past-context` runs it
   anyway); the reason is recorded instead of a number.
 - cold_start: each compiled way in a fresh process with an empty inductor cache folder: the time to the first new token
-  (the prefill) and to the second (the first compiled step, compilation included), and the first call less the second.
+  (the prefill) and to the second (the first compiled step, compilation included), the first call less the second,
+  and the first call's compilation split into Dynamo's tracing and the backend's compiling.
 - prefill: `generate(max_new_tokens=1)` on a prompt of each length, one fresh process per measurement (interleaved
   rounds of them): prompt tokens/s and peak memory (`_common.reset_peak_memory`: RSS on the CPU,
   `torch.cuda.max_memory_allocated` on CUDA). Stock only where the prompt fits its positions.
@@ -334,13 +335,14 @@ class TokenClock:
 
 
 def cold_start_child(args: argparse.Namespace, spec: dict) -> dict:
-    """In a fresh process: two identical calls of one compiled way; when each new token arrived."""
+    """In a fresh process: two identical calls of one compiled way; when each new token arrived, and the time the
+    first call's compilation spent in each of torch.compile's phases (`compile_phases`)."""
     bench.setup(args.seed, args.threads)
     device, _ = bench.device_and_dtype(args)
     name = spec["name"]
     model = models(spec["stock_dir"], args, (OURS if name.startswith("ours") else STOCK_MODEL,)).popitem()[1]
     prompt = random_ids(args, model.config.get_text_config().vocab_size, (spec["batch"], args.prompt_tokens), device)
-    calls = []
+    calls, phases = [], {}
     for _ in range(2):
         clock = TokenClock()
         start = bench.clock(device)
@@ -349,8 +351,12 @@ def cold_start_child(args: argparse.Namespace, spec: dict) -> dict:
         calls.append(
             {"first_token_s": clock.times[1] - start, "second_token_s": clock.times[2] - start, "s": end - start}
         )
+        if not phases:
+            # Cumulative over the process, so read after the cold call: what its compilation spent in each phase.
+            phases.update(torch._dynamo.utils.calculate_time_spent())
     cold, warm = calls
     return {
+        "compile_phases_s": phases,
         "cold_time_to_first_token_s": cold["first_token_s"],
         "cold_time_to_first_compiled_token_s": cold["second_token_s"],
         "cold_call_s": cold["s"],
@@ -358,6 +364,14 @@ def cold_start_child(args: argparse.Namespace, spec: dict) -> dict:
         "warm_call_s": warm["s"],
         "cold_start_s": cold["s"] - warm["s"],
     }
+
+
+def compile_phases(phases: dict[str, float]) -> str:
+    """torch.compile's time in a cold call as "tracing + backend": Dynamo's capture of the graphs (its whole frame
+    compilation less the backend's part), then the backend's compilation (AOT autograd and Inductor's code generation
+    and kernel builds); seconds."""
+    total, backend = phases.get("entire_frame_compile", 0.0), phases.get("backend_compile", 0.0)
+    return f"{total - backend:.1f} + {backend:.1f}"
 
 
 def cold_start(args: argparse.Namespace, stock_dir: str, max_positions: int) -> tuple[dict, list, list]:
@@ -394,6 +408,7 @@ def cold_start(args: argparse.Namespace, stock_dir: str, max_positions: int) -> 
                         "ours / stock, cold_start_s",
                     )
                 ),
+                *(compile_phases(cold[name]["compile_phases_s"]) if name in cold else "–" for name in COMPILED),
             ]
         )
         print(f"cold start, batch {batch}: {rows[-1]}", flush=True)
@@ -612,6 +627,7 @@ def main() -> None:
             headers += [f"{name}: cold, to the first compiled token (s)" for name in COMPILED]
             headers += [f"{name}: first call less second (s)" for name in COMPILED]
             headers += ["ours / stock, to the first compiled token", "ours / stock, first less second"]
+            headers += [f"{name}: compiling, tracing + backend (s)" for name in COMPILED]
             tables["cold_start"] = bench.table(headers, rows, ["right"] * len(headers))
         if "prefill" in args.parts:
             values["prefill"], rows, more = prefill(args, stock_dir, max_positions)

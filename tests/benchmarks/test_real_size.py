@@ -79,6 +79,8 @@ def test_cold_start_and_prefill_write_their_fields(tiny_stock, tmp_path):
         )
         assert 0 < first < compiled <= cold_start[way]["cold_call_s"]
         assert {"warm_call_s", "warm_time_to_first_compiled_token_s", "cold_start_s"} <= set(cold_start[way])
+        phases = cold_start[way]["compile_phases_s"]
+        assert 0 <= phases["backend_compile"] < phases["entire_frame_compile"] < compiled
     assert {"ours / stock, cold_start_s", "ours / stock, cold_time_to_first_compiled_token_s"} <= set(cold_start)
     prefill = values["prefill"]["24 prompt tokens"]
     for model in ("ours", "stock"):
