@@ -268,7 +268,7 @@ def _decode_in_place(
         h_prev_kv=h_prev_kv,
         write_slots=slot,
     )
-    slot_valid.scatter_(1, slot[:, None], real)
+    slot_valid[torch.arange(slot.shape[0], device=slot.device), slot] = column  # in place, as the buffers' writes
     fill.add_(column.long())
     pooled = (pooled_sum, pooled_weight, pooled_reference)
     for kept, merged in zip(pooled, merge_pooled(pooled, step.pooled), strict=True):

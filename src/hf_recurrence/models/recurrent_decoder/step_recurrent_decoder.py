@@ -352,9 +352,13 @@ def recurrent_attention(
         return query.new_zeros(batch, length, heads, head_dim), None
     i = module.layer_idx
     if ctx.write_slots is not None:
-        index = ctx.write_slots[:, None, None, None].expand(key.shape)  # (batch, kv_head, 1, head_dim)
-        key = ctx.past[i][0].scatter_(2, index, key)  # the buffer, (batch, kv_head, slots, head_dim)
-        value = ctx.past[i][1].scatter_(2, index, value)
+        # An index_put_, not a scatter_: compiled, inductor writes it into the buffer in place, where it computes a
+        # scatter_ into a new copy of the whole buffer and copies that back (every layer, every token).
+        rows = torch.arange(key.shape[0], device=key.device)
+        key_buffer, value_buffer = ctx.past[i]  # (batch, kv_head, slots, head_dim)
+        key_buffer[rows, :, ctx.write_slots] = key[:, :, 0]  # (batch, kv_head, head_dim) at each row's slot
+        value_buffer[rows, :, ctx.write_slots] = value[:, :, 0]
+        key, value = key_buffer, value_buffer
     elif ctx.past[i] is not None:
         key = torch.cat([ctx.past[i][0], key], dim=2)  # (batch, kv_head, slots + cols, head_dim)
         value = torch.cat([ctx.past[i][1], value], dim=2)
