@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch._inductor.utils import run_and_get_code
 from transformers import CompileConfig
 
 from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder import STATE_NAME, FixedShapeWindowCache
@@ -85,7 +86,7 @@ def test_fixed_shape_cache_is_refused_beside_a_given_state():
 
 
 @pytest.mark.slow
-def test_compiled_single_token_step_generates_the_eager_tokens_without_breaks_or_recompiles():
+def test_compiled_single_token_step_generates_the_eager_tokens_in_place_without_breaks_or_recompiles():
     torch._dynamo.reset()
     model, _ = BY_NAME["llama"].models(window_overlap=2)
     ids, mask = left_padded_prompts(model.config.text_config.vocab_size)
@@ -93,8 +94,13 @@ def test_compiled_single_token_step_generates_the_eager_tokens_without_breaks_or
     # fullgraph: a graph break in the step fails the call. CPU: generate() compiles only on accelerators unless asked.
     config = CompileConfig(fullgraph=True)
     config._compile_all_devices = True
-    compiled = greedy(model, ids, mask, cache_implementation="static", compile_config=config)
+    compiled, codes = run_and_get_code(greedy, model, ids, mask, cache_implementation="static", compile_config=config)
     torch.testing.assert_close(compiled.sequences, eager.sequences, rtol=0, atol=0)
+    # Inductor writes each token's column into the state's buffers in place: its code allocates nothing of a
+    # buffer's shape (a write it cannot do in place becomes a fresh copy of the whole buffer, copied back).
+    state = getattr(compiled, STATE_NAME)
+    buffer = "empty_strided_cpu(({}, {}, {}, {})".format(*state.keys[0].shape)
+    assert codes and not any(buffer in code for code in codes)
     # A longer text, from another prompt length, runs the same graph.
     with torch._dynamo.config.patch(error_on_recompile=True):
         longer = model.generate(
