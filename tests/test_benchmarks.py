@@ -24,6 +24,23 @@ def test_host_syncs_counts_one_read_per_forward_without_padding(tmp_path):
     assert "stock GPT-2" in counts
 
 
+def test_generation_runs_end_to_end_with_stock_on_the_recurrent_models_weights(tmp_path):
+    output = tmp_path / "generation.json"
+    shape = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--vocab-size", "100", "--n-positions", "32"]
+    lengths = ["--tokens", "2000", "--overlap", "2", "--overlap-tokens", "2000", "--generate-tokens", "2000"]
+    result = run_script(
+        BENCHMARKS / "generation.py",
+        *shape,
+        *lengths,
+        *("--window-size", "8", "--stock-steady-tokens", "5", "--device", "cpu", "--output-json", str(output)),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    tables = written(output, BENCHMARKS)["tables"]
+    assert [row[0] for row in tables["recurrent"]["rows"]] == ["overlap 0", "overlap 2"]
+    # generate() decodes the manual loop's tokens.
+    assert tables["generate"]["rows"][0][-1].startswith("yes")
+
+
 def test_prefill_memory_runs_end_to_end(tmp_path):
     output = tmp_path / "prefill.json"
     shape = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--vocab-size", "100", "--n-positions", "32"]
