@@ -213,21 +213,20 @@ def selecting_writer(select: str, vocab: AssociativeVocab, forced_steps: int = 0
         token_scores, previous_scores = recurrence.selection_scores.float()
         scores = (states @ token_scores + previous @ previous_scores) / hidden**0.5  # (batch, window)
         nonlocal training_steps
-        training_steps += torch.is_grad_enabled()
-        if select == "values" or (
-            select == "values_first" and torch.is_grad_enabled() and training_steps <= forced_steps
-        ):
+        training = torch.is_grad_enabled()  # a training step's forward; the scoring runs without gradients
+        training_steps += training
+        if select == "values" or (select == "values_first" and training and training_steps <= forced_steps):
             scores = scores + FORCED_SCORE * (ids >= vocab.value_offset)
         # The tie-break: far below any learned difference, it only orders equal scores, the latest first.
         ranked = scores + 1e-6 * torch.arange(window)
-        if select == "sampled" and torch.is_grad_enabled():
+        if select == "sampled" and training:
             # Its own generator, so that the training examples are those of the other variants.
             uniform = torch.rand(scores.shape, generator=noise).clamp_min(torch.finfo(scores.dtype).tiny)
             ranked = ranked - torch.log(-torch.log(uniform))  # Gumbel-top-k
         kept = ranked.topk(config.memory_slots, dim=1).indices.sort(1).values  # (batch, k), in window order
         rows = torch.arange(batch)[:, None]
         gates = 2 * torch.sigmoid(scores[rows, kept])  # (batch, k)
-        if torch.is_grad_enabled():
+        if training:
             kept_values.clear()
         else:
             kept_values.append(float((ids.gather(1, kept) >= vocab.value_offset).float().mean()))

@@ -648,10 +648,10 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         real: (batch, cols) bool; fill: (batch,) tokens already in each row's window; `past` = the cached keys of
         every layer, then their values. Pure in its tensor arguments, so it can be recomputed under checkpointing.
         `h_prev` (batch, memory_slots, hidden); `h_prev_kv`: where its key and value at the reading layers are kept
-        for the window, by layer (a layer missing from it adds its own; None: computed from `h_prev` in the step). `write_slots` (batch,): a one-column step over fixed-shape buffers writes its
-        keys/values into them in place, at these slots, and returns the buffers as its keys/values (see
-        `_StepContext.write_slots`); that step mutates `past`, so it is not pure: the compiled single-token decode
-        alone uses it, without gradients.
+        for the window, by layer (a layer missing from it adds its own; None: computed from `h_prev` in the step).
+        `write_slots` (batch,): a one-column step over fixed-shape buffers writes its keys/values into them in place,
+        at these slots, and returns the buffers as its keys/values (see `_StepContext.write_slots`); that step mutates
+        `past`, so it is not pure: the compiled single-token decode alone uses it, without gradients.
         """
         num_layers, num_new = len(_decoder_layers(self.backbone)), settings.num_new
         eager = settings.output_attentions or self.config._attn_implementation == "eager"
