@@ -172,14 +172,16 @@ def run_isolated_python(
     timeout: int = 300,
     env: dict[str, str] | None = None,
     python: Path | None = None,
+    package: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Run `code` in a fresh interpreter where `hf_recurrence` cannot be imported, even though it is installed.
+    """Run `code` in a fresh interpreter where `hf_recurrence` cannot be imported, even though it is installed
+    (`package=True`: where it can, as beside a Hub checkpoint's remote code on a user's machine).
 
     The interpreter is offline with an empty cache at `hf_home`; `env` adds or overrides variables, e.g.
     `{"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub_url}` to load from the test Hub. `python`: another interpreter
     (another environment) instead of this one.
     """
-    prelude = "import sys\nsys.modules['hf_recurrence'] = None\n"
+    prelude = "" if package else "import sys\nsys.modules['hf_recurrence'] = None\n"
     env = {
         "PATH": "/usr/bin:/bin",
         "HOME": str(hf_home),

@@ -6,17 +6,16 @@ defaults are the paper's model; new queries and biases start as the mean; bad va
 
 import copy
 import json
-import sys
 
 import pytest
 import torch
 from safetensors.torch import save_file
 from transformers import CompileConfig
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from hf_recurrence import RecurrentDecoderConfig, RecurrentDecoderForCausalLM
+from hf_recurrence.models.recurrent_decoder import step_recurrent_decoder
 from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder import STATE_NAME
-from hf_recurrence.models.recurrent_decoder.step_recurrent_decoder import RECURRENT_PREFIX, _decoder_layers
+from hf_recurrence.models.recurrent_decoder.step_recurrent_decoder import _decoder_layers
 
 from ...common import assert_left_padded_rows_equal_the_rows_alone, chunked_logits, greedy_loop, loss_and_gradients
 from .backbones import BY_NAME, ids
@@ -104,18 +103,14 @@ def test_greedy_generate_past_several_windows_equals_an_argmax_loop(backbone, na
 @pytest.mark.parametrize(("family", "name"), [("llama", "every_layer"), ("gpt2", "slots")])
 def test_generate_computes_the_slots_keys_and_values_once_per_window(family, name, monkeypatch):
     model = memory_model(BY_NAME[family], name, window_overlap=2)
-    # The step module whose attention the backbone runs: each copy of the model folder registers its own under one
-    # name, and the last imported wins (a Hub copy, loaded as remote code by an earlier test, may be it).
-    attention = ALL_ATTENTION_FUNCTIONS[RECURRENT_PREFIX + model.config._attn_implementation]
-    step_module = sys.modules[attention.__module__]
     computed = []
-    probe = step_module._h_prev_key_value
+    probe = step_recurrent_decoder._h_prev_key_value
 
     def counting(module, ctx, layer):
         computed.append(layer)
         return probe(module, ctx, layer)
 
-    monkeypatch.setattr(step_module, "_h_prev_key_value", counting)
+    monkeypatch.setattr(step_recurrent_decoder, "_h_prev_key_value", counting)
     out = model.generate(
         ids(1, 4), max_new_tokens=30, min_new_tokens=30, do_sample=False, return_dict_in_generate=True
     )

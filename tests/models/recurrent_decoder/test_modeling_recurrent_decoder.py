@@ -27,6 +27,7 @@ from ...common import (
     TINY_BACKBONE,
     assert_loads_with_remote_code,
     generated_alone_and_batched,
+    run_isolated_python,
     stdlib_tokenizer,
     tiny_training_arguments,
 )
@@ -353,6 +354,48 @@ def test_trust_remote_code_in_a_fresh_interpreter_without_the_package(name, tmp_
     model, _ = BY_NAME[name].models(window_overlap=2)
     inputs = {"input_ids": ids(length=40)}
     assert_loads_with_remote_code(model, inputs, tmp_path, "AutoModelForCausalLM", checks=GENERATES_PAST_THE_WINDOW)
+
+
+# Both copies of the model folder in one process, each model's attention calls recorded by the copy that ran them.
+TWO_COPIES = """
+import sys
+import torch
+import transformers
+ids = torch.load("ids.pt")
+# The checkpoint's own copy of the folder registers its attention first, then the package its own under the same names.
+remote = transformers.AutoModelForCausalLM.from_pretrained("checkpoint", trust_remote_code=True).eval()
+assert type(remote).__module__.startswith("transformers_modules."), type(remote).__module__
+import hf_recurrence
+from hf_recurrence.models.recurrent_decoder import step_recurrent_decoder
+installed = transformers.AutoModelForCausalLM.from_pretrained("checkpoint").eval()
+assert type(installed).__module__.startswith("hf_recurrence."), type(installed).__module__
+remote_step = sys.modules[type(remote).__module__.replace("modeling_", "step_")]
+ran = []
+for step_module in (step_recurrent_decoder, remote_step):
+    def recording(module, eager, inner=step_module._inner_attention, name=step_module.__name__):
+        ran.append(name)
+        return inner(module, eager)
+    step_module._inner_attention = recording
+with torch.no_grad():
+    for model, expected in ((installed, step_recurrent_decoder), (remote, remote_step), (installed, step_recurrent_decoder)):
+        ran.clear()
+        logits = model(ids).logits
+        assert set(ran) == {expected.__name__}, (type(model).__module__, set(ran))
+        torch.testing.assert_close(logits, torch.load("logits.pt"), rtol=1e-6, atol=1e-6)
+print("TWO_COPIES_OK")
+"""
+
+
+@pytest.mark.remote_code
+def test_installed_and_remote_code_models_each_run_their_own_copy_of_the_attention(tmp_path):
+    model, _ = BY_NAME["llama"].models(window_overlap=2)
+    model.save_pretrained(tmp_path / "checkpoint")
+    with torch.no_grad():
+        torch.save(model(ids(length=40)).logits, tmp_path / "logits.pt")
+    torch.save(ids(length=40), tmp_path / "ids.pt")
+    result = run_isolated_python(TWO_COPIES, cwd=tmp_path, hf_home=tmp_path / "hf_home", package=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "TWO_COPIES_OK" in result.stdout
 
 
 @pytest.mark.remote_code

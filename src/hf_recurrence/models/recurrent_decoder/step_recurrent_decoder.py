@@ -222,6 +222,8 @@ class _StepContext:
         # While the attention runs on h_prev only to read its key/value (see `_h_prev_key_value`).
         self.probing = False
         self.probed: tuple[torch.Tensor, torch.Tensor] | None = None
+        # This copy's attention, which the registered entry hands the call to (`dispatch_recurrent_attention`).
+        self.attend = recurrent_attention
 
 
 def _inner_attention(module: nn.Module, eager: bool) -> Callable:
@@ -382,9 +384,28 @@ def recurrent_attention(
     return output, weights
 
 
+def dispatch_recurrent_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    recurrence: _StepContext | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What transformers' global attention table holds under `recurrent_sdpa` / `recurrent_eager`: the attention of
+    the copy of this file whose window step built `recurrence`.
+
+    The table has one entry per name for the whole process, and every copy of this model folder (the installed
+    package, each Hub checkpoint's remote code) registers its own on import, the last one winning; each step context
+    names its own copy's `recurrent_attention`, so a model never runs another copy's code."""
+    attend = getattr(recurrence, "attend", recurrent_attention)
+    return attend(module, query, key, value, attention_mask, recurrence=recurrence, **kwargs)
+
+
 for _inner in INNER_ATTENTIONS:
     # A name outside transformers' mask-function table: create_causal_mask then returns None and builds nothing.
-    AttentionInterface.register(RECURRENT_PREFIX + _inner, recurrent_attention)
+    AttentionInterface.register(RECURRENT_PREFIX + _inner, dispatch_recurrent_attention)
 
 
 def _activation_name(text_config: PreTrainedConfig) -> str:
