@@ -86,6 +86,18 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         "the selecting writer made to keep the value tokens for the first half of the steps, then learned",
         {"memory": SLOTS, "selection": "values_first"},
     ),
+    "straight_through": (
+        "the selecting writer's choice learned straight through a softmax over every token",
+        {"memory": SLOTS, "selection": "straight_through"},
+    ),
+    "straight_through_projected": (
+        "straight through, the previous token through a learned projection",
+        {"memory": SLOTS, "selection": "straight_through", "shift": "projected"},
+    ),
+    "selection_of_values_8_projected": (
+        "values and 4 others, the previous token through a learned projection",
+        {"memory": {**SLOTS, "memory_slots": 8}, "selection": "values", "shift": "projected"},
+    ),
     "selection_of_values": (
         "the selecting writer made to keep the value tokens",
         {"memory": SLOTS, "selection": "values"},
@@ -100,10 +112,13 @@ FILLER = inspect.signature(run_recall_experiment).parameters["num_filler"].defau
 # What an oracle writer's slot i pools of window 0: the states of pair i's value token, or of its key and value.
 ORACLES = ("value", "key_value")
 # The variant settings that replace the writer of window 0 rather than set the run: an oracle or a selection.
-WRITERS = ("oracle", "selection")
+WRITERS = ("oracle", "selection", "shift")
 # How a selecting writer picks the tokens it keeps: by its learned scores, by them plus Gumbel noise in training,
 # forced to the value tokens, or forced for the first half of the training steps and learned after.
-SELECTIONS = ("learned", "sampled", "values", "values_first")
+SELECTIONS = ("learned", "sampled", "straight_through", "values", "values_first")
+# What a selecting writer adds to each token's states: its predecessor's as they are, or through a learned projection
+# (orthogonal at first), so that a kept value token holds its key apart from the key tokens' own states.
+SHIFTS = ("sum", "projected")
 # Added to a value token's score by the forced selection: far above any learned score of this toy.
 FORCED_SCORE = 10.0
 
@@ -182,7 +197,9 @@ def oracle_writer(mode: str, vocab: AssociativeVocab, num_pairs: int) -> Iterato
 
 
 @contextlib.contextmanager
-def selecting_writer(select: str, vocab: AssociativeVocab, forced_steps: int = 0) -> Iterator[list[float]]:
+def selecting_writer(
+    select: str, vocab: AssociativeVocab, forced_steps: int = 0, shift: str = "sum"
+) -> Iterator[list[float]]:
     """While active, every recurrent GPT-2 built pools window 0 by a selecting writer: each token's source states are
     summed with those of the token before it (a token shift: a value token then holds its key, as the key-value
     oracle's slots do), scored by two learned vectors (one over the token's states, one over its predecessor's, zero
@@ -194,17 +211,28 @@ def selecting_writer(select: str, vocab: AssociativeVocab, forced_steps: int = 0
     `FORCED_SCORE` to the value tokens' scores, so the writer keeps them (and with more slots than pairs the latest
     other tokens too): the same writer with a perfect choice. `select="values_first"` forces it for the first
     `forced_steps` training steps and scores alone after: a reader first trained on a clean choice.
+    `select="straight_through"` keeps the chosen tokens unscaled and, while training, adds to every slot a softmax
+    over all the window's scores of the tokens' states, less the same detached: nothing in the forward, but every
+    token's score gets a gradient, that of moving the slots towards its states. `shift="projected"` adds the
+    predecessor's states through a learned projection (orthogonal at first) rather than as they are.
 
     Yields a list that holds, per window 0 pooled since the last training step (the final scoring, once trained),
     the share of the kept tokens that are value tokens."""
     if select not in SELECTIONS:
         raise ValueError(f"selection must be one of {SELECTIONS}, got {select!r}")
+    if shift not in SHIFTS:
+        raise ValueError(f"shift must be one of {SHIFTS}, got {shift!r}")
     kept_values: list[float] = []
     noise = torch.Generator().manual_seed(0)
     training_steps = 0
 
     def add_scores(recurrence, config):
-        recurrence.selection_scores = nn.Parameter(torch.zeros(2, config.text_config.hidden_size))
+        hidden = config.text_config.hidden_size
+        recurrence.selection_scores = nn.Parameter(torch.zeros(2, hidden))
+        if shift == "projected":
+            recurrence.previous_projection = nn.Parameter(
+                torch.nn.init.orthogonal_(torch.empty(hidden, hidden), generator=torch.Generator().manual_seed(1))
+            )
 
     def selecting_pool(recurrence, layer_states, ids, config):
         states = recurrence._source_states(layer_states, config)  # (batch, window, hidden)
@@ -225,12 +253,19 @@ def selecting_writer(select: str, vocab: AssociativeVocab, forced_steps: int = 0
             ranked = ranked - torch.log(-torch.log(uniform))  # Gumbel-top-k
         kept = ranked.topk(config.memory_slots, dim=1).indices.sort(1).values  # (batch, k), in window order
         rows = torch.arange(batch)[:, None]
-        gates = 2 * torch.sigmoid(scores[rows, kept])  # (batch, k)
+        shifted = states + (previous @ recurrence.previous_projection.float() if shift == "projected" else previous)
+        if select == "straight_through":
+            chosen = shifted[rows, kept]  # (batch, k, hidden)
+            if training:
+                soft = (torch.softmax(scores, 1)[..., None] * shifted).sum(1, keepdim=True)  # (batch, 1, hidden)
+                chosen = chosen + (soft - soft.detach())
+        else:
+            chosen = shifted[rows, kept] * 2 * torch.sigmoid(scores[rows, kept])[..., None]
         if training:
             kept_values.clear()
         else:
             kept_values.append(float((ids.gather(1, kept) >= vocab.value_offset).float().mean()))
-        return _one_slot_each((states + previous)[rows, kept] * gates[..., None])
+        return _one_slot_each(chosen)
 
     with _writer_of_window_0(selecting_pool, add_scores):
         yield kept_values
@@ -266,7 +301,8 @@ def results_table(records: dict[str, dict]) -> dict:
                 VARIANTS[name][0],
                 describe_memory(kwargs["memory"], kwargs["n_layer"])
                 + (f"; oracle writer ({record['oracle']})" if record.get("oracle") else "")
-                + (f"; selecting writer ({record['selection']})" if record.get("selection") else ""),
+                + (f"; selecting writer ({record['selection']})" if record.get("selection") else "")
+                + (f", the previous token {record['shift']}" if record.get("shift") else ""),
                 f"{kwargs['steps']:,}",
                 f"{record['accuracy']:.3f}",
                 f"{1 / pairs:.2f} / {1 / values:.3f}",
@@ -347,7 +383,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         if "oracle" in planned:
             writer = oracle_writer(planned["oracle"], vocab, kwargs["num_pairs"])
         elif "selection" in planned:
-            writer = selecting_writer(planned["selection"], vocab, forced_steps=kwargs["steps"] // 2)
+            writer = selecting_writer(
+                planned["selection"], vocab, forced_steps=kwargs["steps"] // 2, shift=planned.get("shift", "sum")
+            )
         else:
             writer = contextlib.nullcontext()
         with writer as kept_values:
