@@ -230,7 +230,36 @@ def _inner_attention(module: nn.Module, eager: bool) -> Callable:
     if eager:
         # The family's own eager attention (Gemma2's attention soft-cap lives there); the backbone check ensures it.
         return sys.modules[type(module).__module__].eager_attention_forward
-    return ALL_ATTENTION_FUNCTIONS["sdpa"]
+    return _sdpa_attention
+
+
+def _sdpa_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' sdpa attention, except in a compiled step on the CPU with grouped key/value heads and a mask.
+
+    There transformers copies every key/value head to its query heads (`repeat_kv`: it groups them in torch's sdpa
+    only without a mask, or uncompiled for a one-token query), while torch's CPU sdpa groups them itself with a mask
+    too: a single-token step at SmolLM2's shape, batch 8, a 302-slot buffer, spent 454 us a layer copying and
+    attending, 211 us grouped (compiled, one thread; benchmarks/real_size.py shows the whole step)."""
+    grouped = getattr(module, "num_key_value_groups", 1) > 1 and attention_mask is not None
+    if not (grouped and query.device.type == "cpu" and torch.compiler.is_compiling()) or kwargs.get("softcap"):
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=kwargs.get("dropout", 0.0),
+        scale=kwargs.get("scaling"),
+        enable_gqa=True,
+    )  # (batch, head, cols, head_dim)
+    return output.transpose(1, 2).contiguous(), None
 
 
 def _h_prev_key_value(module: nn.Module, ctx: _StepContext, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -385,13 +414,7 @@ def recurrent_attention(
 
 
 def dispatch_recurrent_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    recurrence: _StepContext | None = None,
-    **kwargs,
+    module: nn.Module, *args: torch.Tensor | None, recurrence: _StepContext | None = None, **kwargs
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """What transformers' global attention table holds under `recurrent_sdpa` / `recurrent_eager`: the attention of
     the copy of this file whose window step built `recurrence`.
@@ -400,7 +423,7 @@ def dispatch_recurrent_attention(
     package, each Hub checkpoint's remote code) registers its own on import, the last one winning; each step context
     names its own copy's `recurrent_attention`, so a model never runs another copy's code."""
     attend = getattr(recurrence, "attend", recurrent_attention)
-    return attend(module, query, key, value, attention_mask, recurrence=recurrence, **kwargs)
+    return attend(module, *args, recurrence=recurrence, **kwargs)
 
 
 for _inner in INNER_ATTENTIONS:
