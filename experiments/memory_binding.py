@@ -98,6 +98,10 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         "values and 4 others, the previous token through a learned projection",
         {"memory": {**SLOTS, "memory_slots": 8}, "selection": "values", "shift": "projected"},
     ),
+    "memory_tokens": (
+        "RMT-style memory tokens: 4 learned tokens after window 0, read by the backbone, their final states the slots",
+        {"memory": SLOTS, "memory_tokens": True},
+    ),
     "selection_of_values": (
         "the selecting writer made to keep the value tokens",
         {"memory": SLOTS, "selection": "values"},
@@ -112,7 +116,7 @@ FILLER = inspect.signature(run_recall_experiment).parameters["num_filler"].defau
 # What an oracle writer's slot i pools of window 0: the states of pair i's value token, or of its key and value.
 ORACLES = ("value", "key_value")
 # The variant settings that replace the writer of window 0 rather than set the run: an oracle or a selection.
-WRITERS = ("oracle", "selection", "shift")
+WRITERS = ("oracle", "selection", "shift", "memory_tokens")
 # How a selecting writer picks the tokens it keeps: by its learned scores, by them plus Gumbel noise in training,
 # forced to the value tokens, or forced for the first half of the training steps and learned after.
 SELECTIONS = ("learned", "sampled", "straight_through", "values", "values_first")
@@ -128,7 +132,8 @@ def _writer_of_window_0(
     pool_window_0: Callable, add_parameters: Callable[[nn.Module, object], None] | None = None
 ) -> Iterator[None]:
     """While active, every recurrent GPT-2 pools the first window of each forward by `pool_window_0(recurrence,
-    layer_states, ids, config)` (`ids`: that window's token ids, (batch, window)) instead of its writer, returning what
+    layer_states, ids, config, model)` (`ids`: that window's token ids, (batch, window); `model`: the recurrent model
+    that runs) instead of its writer, returning what
     `RecurrentDecoderRecurrence.pool` returns; later windows pool as configured (nothing reads their memory).
     `add_parameters(recurrence, config)` runs on every recurrence module built meanwhile.
 
@@ -141,7 +146,7 @@ def _writer_of_window_0(
     call: dict = {}
 
     def forward_keeping_ids(model, input_ids=None, *args, **kwargs):
-        call.update(ids=input_ids, pooled=0)
+        call.update(ids=input_ids, pooled=0, model=model)
         return forward(model, input_ids, *args, **kwargs)
 
     def pool_first_window(recurrence, layer_states, real, positions, config):
@@ -149,7 +154,7 @@ def _writer_of_window_0(
         if call["pooled"] > 1:
             return pool(recurrence, layer_states, real, positions, config)
         window = call["ids"].shape[1] // 2  # the toy's two windows
-        return pool_window_0(recurrence, layer_states, call["ids"][:, :window], config)
+        return pool_window_0(recurrence, layer_states, call["ids"][:, :window], config, call["model"])
 
     def init_adding(recurrence, config):
         init(recurrence, config)
@@ -180,7 +185,7 @@ def oracle_writer(mode: str, vocab: AssociativeVocab, num_pairs: int) -> Iterato
     if mode not in ORACLES:
         raise ValueError(f"oracle must be one of {ORACLES}, got {mode!r}")
 
-    def oracle_pool(recurrence, layer_states, ids, config):
+    def oracle_pool(recurrence, layer_states, ids, config, model):
         states = recurrence._source_states(layer_states, config)  # (batch, window, hidden)
         window = ids.shape[1]
         columns = torch.arange(window).expand_as(ids)
@@ -234,7 +239,7 @@ def selecting_writer(
                 torch.nn.init.orthogonal_(torch.empty(hidden, hidden), generator=torch.Generator().manual_seed(1))
             )
 
-    def selecting_pool(recurrence, layer_states, ids, config):
+    def selecting_pool(recurrence, layer_states, ids, config, model):
         states = recurrence._source_states(layer_states, config)  # (batch, window, hidden)
         previous = torch.nn.functional.pad(states, (0, 0, 1, 0))[:, :-1]  # zeros before the first token
         batch, window, hidden = states.shape
@@ -271,6 +276,39 @@ def selecting_writer(
         yield kept_values
 
 
+@contextlib.contextmanager
+def memory_token_writer() -> Iterator[None]:
+    """While active, every recurrent GPT-2 writes window 0 with `memory_slots` learned memory tokens, as RMT writes
+    its memory: the backbone reads the window and then the memory tokens (causal attention, so each reads the whole
+    window at every layer), and slot i holds memory token i's final states. The reader's loss then reaches the
+    window's states through every layer's attention of the memory tokens, not only through a pooling. The toy's
+    backbone has as many positions as a window has tokens, so the memory tokens all sit at the window's last one (their
+    learned embeddings tell them apart). The window is read once more for it, under plain sdpa attention."""
+
+    def add_memory_tokens(recurrence, config):
+        text = config.text_config
+        embeddings = torch.randn(config.memory_slots, text.hidden_size) * text.initializer_range
+        recurrence.memory_token_embeddings = nn.Parameter(embeddings)
+
+    def memory_token_pool(recurrence, layer_states, ids, config, model):
+        backbone = model.backbone.base_model
+        batch, window = ids.shape
+        tokens = recurrence.memory_token_embeddings.expand(batch, -1, -1)  # (batch, k, hidden)
+        embeds = torch.cat([backbone.get_input_embeddings()(ids), tokens], 1)  # (batch, window + k, hidden)
+        positions = torch.arange(window + tokens.shape[1]).clamp(max=window - 1).expand(batch, -1)
+        text = backbone.config
+        recurrent_attention = text._attn_implementation
+        text._attn_implementation_internal = "sdpa"
+        try:
+            states = backbone(inputs_embeds=embeds, position_ids=positions).last_hidden_state
+        finally:
+            text._attn_implementation_internal = recurrent_attention
+        return _one_slot_each(states[:, window:].float())
+
+    with _writer_of_window_0(memory_token_pool, add_memory_tokens):
+        yield
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = bench.benchmark_parser(__doc__, __file__, threads=1, cuda_dtype="float32", seed=False)
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
@@ -302,7 +340,8 @@ def results_table(records: dict[str, dict]) -> dict:
                 describe_memory(kwargs["memory"], kwargs["n_layer"])
                 + (f"; oracle writer ({record['oracle']})" if record.get("oracle") else "")
                 + (f"; selecting writer ({record['selection']})" if record.get("selection") else "")
-                + (f", the previous token {record['shift']}" if record.get("shift") else ""),
+                + (f", the previous token {record['shift']}" if record.get("shift") else "")
+                + ("; memory tokens" if record.get("memory_tokens") else ""),
                 f"{kwargs['steps']:,}",
                 f"{record['accuracy']:.3f}",
                 f"{1 / pairs:.2f} / {1 / values:.3f}",
@@ -386,6 +425,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
             writer = selecting_writer(
                 planned["selection"], vocab, forced_steps=kwargs["steps"] // 2, shift=planned.get("shift", "sum")
             )
+        elif "memory_tokens" in planned:
+            writer = memory_token_writer()
         else:
             writer = contextlib.nullcontext()
         with writer as kept_values:
