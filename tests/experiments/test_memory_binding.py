@@ -204,3 +204,65 @@ def test_the_recorded_command_drops_the_variants_once_every_variant_is_recorded(
         script["reproducing_command"](some)
         == "python experiments/memory_binding.py --variants paper pairs_2 --steps 9"
     )
+
+
+def test_the_straight_through_writer_keeps_its_choice_unscaled_and_every_score_learns(script, one_thread):
+    window, slots = 16, 2
+    with script["selecting_writer"]("straight_through", VOCAB):
+        model, batches = model_of("associative", window, 2, slots_at_both_layers(slots))
+        ids, labels, _ = batches(3, torch.Generator().manual_seed(0))
+        with spying_on_pool(model) as pooled:
+            model(ids, labels=labels, use_cache=False).loss.backward()
+    states, (total, _, _) = pooled[0]
+    previous = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], dim=1)
+    # The forward is the hard choice (zero scores: the latest tokens), unscaled; the scores learn through the soft mix.
+    torch.testing.assert_close(total, (states + previous)[:, window - slots :])
+    token_scores, previous_scores = model.recurrence.selection_scores.grad
+    assert token_scores.abs().sum() > 0 and previous_scores.abs().sum() > 0
+
+
+def test_the_projected_shift_adds_the_predecessor_through_its_projection(script, one_thread):
+    window, slots = 16, 2
+    with script["selecting_writer"]("values", VOCAB, shift="projected"):
+        model, batches = model_of("associative", window, 2, slots_at_both_layers(slots))
+        ids, _, _ = batches(3, torch.Generator().manual_seed(0))
+        with spying_on_pool(model) as pooled, torch.no_grad():
+            model(ids, use_cache=False)
+    projection = model.recurrence.previous_projection.detach()
+    torch.testing.assert_close(projection @ projection.T, torch.eye(32), atol=1e-5, rtol=0)  # orthogonal at first
+    states, (total, _, _) = pooled[0]
+    previous = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], dim=1)
+    gate = 2 * torch.sigmoid(torch.tensor(script["FORCED_SCORE"]))
+    for row in range(3):
+        columns = [c for c in range(window) if ids[row, c] >= VOCAB.value_offset]
+        torch.testing.assert_close(total[row], (states[row, columns] + previous[row, columns] @ projection) * gate)
+    with (
+        pytest.raises(ValueError, match="shift must be one of .* got 'rotated'"),
+        script["selecting_writer"]("values", VOCAB, shift="rotated"),
+    ):
+        pass
+
+
+def test_the_memory_token_writer_slots_are_the_backbones_states_at_its_tokens(script, one_thread):
+    window, slots = 16, 2
+    with script["memory_token_writer"]():
+        model, batches = model_of("associative", window, 2, slots_at_both_layers(slots))
+        ids, labels, _ = batches(3, torch.Generator().manual_seed(0))
+        with spying_on_pool(model) as pooled:
+            model(ids, labels=labels, use_cache=False).loss.backward()
+    _, (total, weight, _) = pooled[0]
+    backbone = model.backbone.base_model
+    attention = backbone.config._attn_implementation
+    assert attention.startswith("recurrent_")  # put back after the writer's own read of the window
+    tokens = model.recurrence.memory_token_embeddings
+    assert tokens.grad is not None and tokens.grad.abs().sum() > 0
+    embeds = torch.cat([backbone.get_input_embeddings()(ids[:, :window]), tokens.expand(3, -1, -1)], 1)
+    positions = torch.tensor([*range(window), window - 1, window - 1]).expand(3, -1)
+    backbone.config._attn_implementation_internal = "eager"
+    try:
+        with torch.no_grad():
+            expected = backbone(inputs_embeds=embeds, position_ids=positions).last_hidden_state[:, window:]
+    finally:
+        backbone.config._attn_implementation_internal = attention
+    torch.testing.assert_close(total, expected, rtol=1e-4, atol=1e-5)
+    assert torch.equal(weight, torch.ones(3, slots))
