@@ -2,9 +2,13 @@
 
 import pytest
 import torch
+from torch import nn
 from torch._inductor.utils import run_and_get_code
 from transformers import CompileConfig
+from transformers.integrations.sdpa_attention import repeat_kv
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from hf_recurrence.models.recurrent_decoder import step_recurrent_decoder
 from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder import STATE_NAME, FixedShapeWindowCache
 
 from ...families import BACKBONES
@@ -133,3 +137,27 @@ def test_fixed_shape_cache_has_a_row_per_beam_and_returned_sequence(kwargs):
             )
         )
     torch.testing.assert_close(runs[1], runs[0], rtol=0, atol=0)
+
+
+def test_a_compiled_step_attends_over_grouped_heads_as_transformers_sdpa_does(monkeypatch):
+    # Compiled on the CPU with a mask, the step's sdpa groups the key/value heads itself (no copy of each head).
+    module = nn.Module()
+    module.num_key_value_groups, module.is_causal = 3, True
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(2, 6, 1, 8, generator=generator)  # (batch, head, cols, head_dim)
+    key, value = torch.randn(2, 2, 10, 8, generator=generator), torch.randn(2, 2, 10, 8, generator=generator)
+    mask = torch.rand(2, 1, 1, 10, generator=generator) > 0.3
+    mask[:, :, :, 0] = True
+    expected, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, mask, scaling=0.3)
+    copied = []
+    monkeypatch.setattr(
+        "transformers.integrations.sdpa_attention.repeat_kv", lambda *args: copied.append(1) or repeat_kv(*args)
+    )
+
+    def step(query, key, value, mask):
+        return step_recurrent_decoder._sdpa_attention(module, query, key, value, mask, scaling=0.3)[0]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="eager", fullgraph=True)(query, key, value, mask)
+    torch.testing.assert_close(compiled, expected)
+    assert compiled.shape == (2, 1, 6, 8) and not copied
