@@ -6,7 +6,9 @@ Gate 1 (`memory_gate1.py`) left every writer near 0.25 on 4-pair associative rec
 carries the 4 values without binding each to its key. Each variant here changes one thing of the `slots_every_layer`
 arm (4 attention slots read at every layer, T=32, a 4-layer reader, the recorded curriculum 8:300): more steps, a
 learned bias over window positions, 8 slots, the last layer as the memory's source, twice the width, a lower
-learning rate, and the paper's own arm and a 2-pair task for reference. The row-value rate
+learning rate, and the paper's own arm and a 2-pair task for reference; writers of window 0 other than the memory's
+(oracles, selections, memory tokens); and, as the reference from above, no memory at all: a stock GPT-2 of the same
+size reading both windows as one sequence, which binds if anything of this size and budget can. The row-value rate
 (`hf_recurrence.data.among_row_values`) tells the two failures apart: near 1 with accuracy near 1/num_pairs, the
 values are carried and the binding is what is missing; near num_pairs/num_values, nothing is carried. The variants
 are pilots on the gate's pilot seed (0); nothing here is chosen on the gate's seeds 1 and 2.
@@ -110,13 +112,22 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         "the same with 8 slots: the value tokens and the 4 latest others",
         {"memory": {**SLOTS, "memory_slots": 8}, "selection": "values"},
     ),
+    "full_context": (
+        "no memory: a stock GPT-2 reading both windows as one sequence, the reference from above",
+        {"memory": {}, "full_context": True},
+    ),
+    "full_context_steps_6000": (
+        "the same reference, 4x the steps",
+        {"memory": {}, "full_context": True, "steps": 6000},
+    ),
 }
 # The toy's filler tokens (the experiment's default), before the keys and values in the vocabulary.
 FILLER = inspect.signature(run_recall_experiment).parameters["num_filler"].default
 # What an oracle writer's slot i pools of window 0: the states of pair i's value token, or of its key and value.
 ORACLES = ("value", "key_value")
-# The variant settings that replace the writer of window 0 rather than set the run: an oracle or a selection.
-WRITERS = ("oracle", "selection", "shift", "memory_tokens")
+# The variant settings that are not `run_recall_experiment`'s: a writer of window 0 in place of the memory's (an
+# oracle, a selection and its shift, memory tokens), or the full-context reference in place of the recurrent model.
+WRITERS = ("oracle", "selection", "shift", "memory_tokens", "full_context")
 # How a selecting writer picks the tokens it keeps: by its learned scores, by them plus Gumbel noise in training,
 # forced to the value tokens, or forced for the first half of the training steps and learned after.
 SELECTIONS = ("learned", "sampled", "straight_through", "values", "values_first")
@@ -337,7 +348,11 @@ def results_table(records: dict[str, dict]) -> dict:
             [
                 name,
                 VARIANTS[name][0],
-                describe_memory(kwargs["memory"], kwargs["n_layer"])
+                (
+                    "none: full attention over both windows"
+                    if record.get("full_context")
+                    else describe_memory(kwargs["memory"], kwargs["n_layer"])
+                )
                 + (f"; oracle writer ({record['oracle']})" if record.get("oracle") else "")
                 + (f"; selecting writer ({record['selection']})" if record.get("selection") else "")
                 + (f", the previous token {record['shift']}" if record.get("shift") else "")
@@ -430,7 +445,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         else:
             writer = contextlib.nullcontext()
         with writer as kept_values:
-            runs[name] = run_arm(planned, device, dtype)
+            runs[name] = run_arm(planned, device, dtype, full_context=planned.get("full_context", False))
         if kept_values:
             runs[name]["kept_value_share"] = sum(kept_values) / len(kept_values)
         print(

@@ -39,6 +39,27 @@ def test_recurrence_carries_the_key_to_the_next_window(one_thread):
     assert result["swapped_accuracy"] <= chance + 0.1, summary
 
 
+def test_a_baseline_with_full_context_reads_the_key_across_windows(one_thread):
+    # The reference from above: with positions for the whole row and full attention over it, the stock GPT-2 reads
+    # the key in window 0 itself. Reading each window alone (the default baseline) it could not beat chance.
+    settings = {"steps": 100, "seed": 0, "window_size": 8, "num_filler": 16, "eval_size": 512, "eval_every": 50}
+    result = run_recall_experiment(**settings, baseline_context="full", recurrent=False)
+    chance = 1 / 8
+    assert result["baseline_accuracy"] >= 0.9, result["baseline_accuracy"]
+    assert result["baseline_curve"][-1] == {"step": 100, "accuracy": result["baseline_accuracy"]}
+    # Another row's window 0, its own key asked: the answer is the other row's key.
+    assert result["swapped_accuracy"] <= chance + 0.05, result["swapped_accuracy"]
+    assert not any(name.startswith("recurrent_") for name in result)
+    assert result["settings"]["baseline_context"] == "full" and result["settings"]["recurrent"] is False
+
+
+def test_a_run_with_no_model_or_an_unknown_baseline_context_is_refused():
+    with pytest.raises(ValueError, match="baseline_context must be one of .*'whole'"):
+        run_recall_experiment(baseline_context="whole")
+    with pytest.raises(ValueError, match="no model to train"):
+        run_recall_experiment(recurrent=False, baseline=False)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("pooling", ["mean", "attention"])
 def test_after_a_curriculum_the_memory_carries_one_key_among_64_tokens(pooling, one_thread):

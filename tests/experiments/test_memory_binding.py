@@ -82,6 +82,24 @@ def test_the_script_records_each_variant_and_a_rerun_resumes(tmp_path):
     assert other.returncode == 1 and "'pairs_2' run with other settings" in other.stderr
 
 
+def test_the_full_context_reference_is_a_stock_gpt2_reading_both_windows(tmp_path):
+    output = tmp_path / "binding.json"
+    arguments = [
+        *("--steps", "4", "--curriculum-steps", "2", "--eval-size", "32", "--device", "cpu"),
+        *("--output-json", str(output), "--variants", "full_context"),
+    ]
+    finished = run_script(EXPERIMENTS / "memory_binding.py", *arguments)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    result = written(output, EXPERIMENTS)
+    record = result["values"]["runs"]["full_context"]
+    assert record["full_context"] is True
+    assert record["settings"]["baseline_context"] == "full" and record["settings"]["recurrent"] is False
+    assert 0 <= record["accuracy"] <= record["row_value_rate"] <= 1
+    assert [point["step"] for point in record["curve"]] == [0, 4]
+    row = next(row for row in result["tables"]["variants"]["rows"] if row[0] == "full_context")
+    assert row[2] == "none: full attention over both windows"
+
+
 @pytest.mark.parametrize("mode", ["value", "key_value"])
 def test_the_oracle_writer_pools_each_pair_into_its_own_slot_and_is_undone_after(mode, script, one_thread):
     vocab, window, pairs = VOCAB, 16, 2

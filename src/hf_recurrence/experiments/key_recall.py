@@ -70,6 +70,10 @@ TASKS = ("key", "associative")
 
 LR_SCHEDULES = ("linear", "constant")
 
+# What the no-recurrence baseline reads: each window as its own sequence, or every window of a row as one sequence
+# (full attention over the whole row: the most any memory of the earlier windows could give).
+BASELINE_CONTEXTS = ("window", "full")
+
 # A batch of a task: (batch_size, generator) -> (input_ids, labels, answers).
 Batches = Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
@@ -96,8 +100,13 @@ def build_models(
     initializer_range: float,
     seed: int,
     memory: dict | None = None,
+    baseline_positions: int | None = None,
 ) -> tuple[RecurrentGPT2LMHeadModel, GPT2LMHeadModel]:
     """A tiny recurrent GPT-2 and a stock GPT-2 with the same config and the same initial weights (copies).
+
+    `baseline_positions`: the stock GPT-2's positions (default: `window_size`). With more, it can read several
+    windows as one sequence; its first `window_size` position embeddings are the recurrent model's, the rest its own
+    initialisation.
 
     `memory`: further recurrence fields of the recurrent model's config (`RecurrentGPT2Config.family_settings`,
     e.g. `{"memory_slots": 4, "memory_pooling": "attention"}` or `{"recurrence_input": "zeros"}`); none (the
@@ -138,8 +147,12 @@ def build_models(
             **memory,
         )
     )
-    baseline = GPT2LMHeadModel(GPT2Config(**common))
-    missing, unexpected = baseline.load_state_dict(recurrent.backbone.state_dict(), strict=False)
+    baseline = GPT2LMHeadModel(GPT2Config(**{**common, "n_positions": baseline_positions or window_size}))
+    weights = recurrent.backbone.state_dict()
+    positions = baseline.transformer.wpe.weight.detach().clone()  # (n_positions, n_embd)
+    positions[:window_size] = weights["transformer.wpe.weight"]
+    weights["transformer.wpe.weight"] = positions
+    missing, unexpected = baseline.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise RuntimeError(f"Weights do not map onto GPT-2: missing={missing}, unexpected={unexpected}")
     return recurrent, baseline
@@ -324,6 +337,8 @@ def run_recall_experiment(
     curve_size: int | None = None,
     curriculum: Sequence[Sequence[int]] = (),
     lr_schedule: str = "linear",
+    baseline_context: str = "window",
+    recurrent: bool = True,
 ) -> dict:
     """Train the recurrent GPT-2 and its no-recurrence baseline on the recall task; score both on held-out data.
 
@@ -346,9 +361,20 @@ def run_recall_experiment(
     (shorter than `window_size`: the key among fewer tokens, the recurrent model reading with a state of that
     schedule); the rest of `steps` trains at `window_size`, and the scores are always at `window_size`. Both models
     follow it. `lr_schedule`: "linear" (warmup, then linear decay) or "constant" over all `steps`.
+
+    `baseline_context="full"` makes the baseline a reference from above instead: a stock GPT-2 with positions for the
+    whole row that reads every window of it as one sequence (full attention across the windows), the most a memory of
+    the earlier windows could give, trained on the same batches and curriculum (a stage's rows read whole). On
+    associative recall it adds `baseline_row_value_rate`. `recurrent=False` trains and scores the baseline alone:
+    no `recurrent_*` entries, its curve is `baseline_curve` (with `baseline_eval_seconds`), and `swapped_accuracy` is
+    the baseline's, reading rows whose earlier windows are another row's.
     """
     curriculum = [tuple(stage) for stage in curriculum]
     check_curriculum(curriculum, window_size, steps)
+    if baseline_context not in BASELINE_CONTEXTS:
+        raise ValueError(f"baseline_context must be one of {BASELINE_CONTEXTS}, got {baseline_context!r}")
+    if not (recurrent or baseline):
+        raise ValueError("recurrent=False and baseline=False: no model to train")
     learning_rate_factor(lr_schedule, steps)  # refuses an unknown schedule before any model is built
     settings = {
         "steps": steps,
@@ -372,6 +398,8 @@ def run_recall_experiment(
         **({"eval_every": eval_every, "curve_size": curve_size or eval_size} if eval_every else {}),
         **({"curriculum": [list(stage) for stage in curriculum]} if curriculum else {}),
         **({"lr_schedule": lr_schedule} if lr_schedule != "linear" else {}),
+        **({"baseline_context": baseline_context} if baseline and baseline_context != "window" else {}),
+        **({"recurrent": False} if not recurrent else {}),
     }
     layout = {"num_windows": num_windows, "num_keys": num_keys, "num_filler": num_filler}
     layout |= {"num_values": num_values, "num_pairs": num_pairs}
@@ -379,8 +407,12 @@ def run_recall_experiment(
     stages = [Stage(size, count, task_data(task, window_size=size, **layout)[1]) for size, count in curriculum]
     stages.append(Stage(window_size, steps - sum(count for _, count in curriculum), batches))
     # Built from the recorded settings themselves, so that what results.json says is what ran.
-    recurrent, stock = build_models(vocab=vocab, **{name: settings[name] for name in MODEL_SETTINGS})
-    recurrent, stock = recurrent.to(device, dtype), stock.to(device, dtype)
+    recurrent_model, stock = build_models(
+        vocab=vocab,
+        **{name: settings[name] for name in MODEL_SETTINGS},
+        baseline_positions=window_size * (num_windows if baseline_context == "full" else 1),
+    )
+    recurrent_model, stock = recurrent_model.to(device, dtype), stock.to(device, dtype)
     # Held-out evaluation data from a stream the training batches never use.
     eval_generator = torch.Generator().manual_seed(seed + 1_000_003)
     eval_ids, _, eval_keys = batches(eval_size, eval_generator)
@@ -399,28 +431,40 @@ def run_recall_experiment(
     curve_rows = slice(0, curve_size or eval_size)
     # The curve's latest predictions: the final ones when the curve scores every held-out row.
     latest: dict[str, torch.Tensor] = {}
+    arms = [("recurrent", recurrent_model, True, window_size)] if recurrent else []
+    if baseline:
+        arms.append(("baseline", stock, False, window_size * (num_windows if baseline_context == "full" else 1)))
+    # The curve follows the first arm: the recurrent model, or the baseline trained alone.
+    curve_arm = arms[0][0]
 
-    def evaluate(step: int) -> None:
-        latest["predictions"] = recall_predictions(recurrent, True, window_size, eval_ids[curve_rows])
-        curve.append({"step": step, "accuracy": _accuracy(latest["predictions"], eval_keys[curve_rows])})
+    for name, model, is_recurrent, reading in arms:
 
-    arms = [("recurrent", recurrent, True)] + ([("baseline", stock, False)] if baseline else [])
-    for name, model, is_recurrent in arms:
-        scoring = {"eval_every": eval_every, "evaluate": evaluate} if is_recurrent and eval_every else {}
-        loss, seconds = train(model, is_recurrent, **train_kwargs, **scoring)
+        def evaluate(step: int, model: nn.Module = model, is_recurrent: bool = is_recurrent, reading: int = reading):
+            latest["predictions"] = recall_predictions(model, is_recurrent, reading, eval_ids[curve_rows])
+            curve.append({"step": step, "accuracy": _accuracy(latest["predictions"], eval_keys[curve_rows])})
+
+        scoring = {"eval_every": eval_every, "evaluate": evaluate} if name == curve_arm and eval_every else {}
+        # A model reads each stage's rows in windows of its reading size: the baseline with full context, whole rows.
+        read_stages = [
+            Stage(stage.window_size * reading // window_size, stage.steps, stage.batches) for stage in stages
+        ]
+        loss, seconds = train(model, is_recurrent, **{**train_kwargs, "stages": read_stages}, **scoring)
         if scoring:
-            result["recurrent_curve"] = curve
-            result["recurrent_eval_seconds"] = time.perf_counter() - started - seconds
+            result[f"{name}_curve"] = curve
+            result[f"{name}_eval_seconds"] = time.perf_counter() - started - seconds
         if scoring and (curve_size or eval_size) >= eval_size:  # the curve's last point: the same rows, scored
             predictions = latest["predictions"]
         else:
-            predictions = recall_predictions(model, is_recurrent, window_size, eval_ids)
+            predictions = recall_predictions(model, is_recurrent, reading, eval_ids)
         result[f"{name}_accuracy"] = _accuracy(predictions, eval_keys)
-        if is_recurrent and task == "associative":
+        if task == "associative":
             stored = among_row_values(predictions, eval_ids, window_size, vocab)
-            result["recurrent_row_value_rate"] = stored.sum().item() / eval_ids.shape[0]
+            result[f"{name}_row_value_rate"] = stored.sum().item() / eval_ids.shape[0]
         result[f"{name}_final_loss"] = loss
         result[f"{name}_train_seconds"] = seconds
+    _, swapped_model, swapped_is_recurrent, swapped_reading = arms[0]
     swapped_ids = swap_earlier_windows(eval_ids, window_size)
-    result["swapped_accuracy"] = recall_accuracy(recurrent, True, window_size, swapped_ids, eval_keys)
+    result["swapped_accuracy"] = recall_accuracy(
+        swapped_model, swapped_is_recurrent, swapped_reading, swapped_ids, eval_keys
+    )
     return result

@@ -157,7 +157,9 @@ def _load_average() -> list[float] | None:
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 
-def run_arm(planned: dict, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> dict:
+def run_arm(
+    planned: dict, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, full_context: bool = False
+) -> dict:
     """Train and score one planned run (`plan_gate1`); returns its record: the plan's fields, `accuracy` (own earlier
     windows, all held-out rows), `swapped_accuracy`, on associative recall `row_value_rate` (how often the answer is
     one of the row's stored values, right or not), `chance`, `curve` (`{"step", "accuracy"}` on the first
@@ -165,19 +167,25 @@ def run_arm(planned: dict, device: str | torch.device = "cpu", dtype: torch.dtyp
     alone), `eval_seconds` (the curve's scoring), `seconds` (all of it, the final and swapped scoring and the model's
     construction included), `cpu_seconds` (the process's CPU time over the same span: what the run cost, however
     busy the machine), the settings `run_recall_experiment` recorded, the date and the load average at the start and
-    the end."""
+    the end.
+
+    `full_context=True` trains and scores, in place of the recurrent model, the reference from above: a stock GPT-2
+    reading every window of a row as one sequence (`run_recall_experiment(baseline_context="full")`; the plan's
+    memory settings are then unused)."""
     load_at_start, started, cpu_started = _load_average(), time.perf_counter(), time.process_time()
-    result = run_recall_experiment(**planned["kwargs"], baseline=False, device=device, dtype=dtype)
+    models = {"recurrent": False, "baseline_context": "full"} if full_context else {"baseline": False}
+    result = run_recall_experiment(**planned["kwargs"], **models, device=device, dtype=dtype)
+    model = "baseline" if full_context else "recurrent"
     return {
         **planned,
-        "accuracy": result["recurrent_accuracy"],
+        "accuracy": result[f"{model}_accuracy"],
         "swapped_accuracy": result["swapped_accuracy"],
-        **({"row_value_rate": result["recurrent_row_value_rate"]} if "recurrent_row_value_rate" in result else {}),
+        **({"row_value_rate": result[f"{model}_row_value_rate"]} if f"{model}_row_value_rate" in result else {}),
         "chance": result["chance"],
-        "curve": result["recurrent_curve"],
-        "final_loss": result["recurrent_final_loss"],
-        "train_seconds": result["recurrent_train_seconds"],
-        "eval_seconds": result["recurrent_eval_seconds"],
+        "curve": result[f"{model}_curve"],
+        "final_loss": result[f"{model}_final_loss"],
+        "train_seconds": result[f"{model}_train_seconds"],
+        "eval_seconds": result[f"{model}_eval_seconds"],
         "seconds": time.perf_counter() - started,
         "cpu_seconds": time.process_time() - cpu_started,
         "settings": result["settings"],
