@@ -1,7 +1,7 @@
 """Corpora read from the machine, long books fetched by package managers, offline tokenizers, training blocks, and
 the synthetic tasks (inductive generalization, key recall, associative recall)."""
 
-from .associative_recall import AssociativeVocab, among_row_values, make_associative_batch
+from .associative_recall import AssociativeVocab, among_row_values, make_associative_batch, make_bare_associative_batch
 from .blocks import TokenBlocks, WindowedBlocksCollator, token_stream
 from .books import (
     AUSTEN_SHA256,
@@ -91,6 +91,7 @@ __all__ = [
     "little_endian_digits",
     "logits_to_predictions",
     "make_associative_batch",
+    "make_bare_associative_batch",
     "make_recall_batch",
     "max_sequence_length",
     "minilm_tokenizer",

@@ -12,6 +12,10 @@ occurred but not which key each belongs to reaches about `1 / num_pairs`.
 
 `hf_recurrence.experiments.key_recall` trains models on it (`task="associative"`); the swap control of the key-recall
 task (`swap_earlier_windows`) applies unchanged.
+
+`make_bare_associative_batch` is the same lookup within a window and without filler, every question labelled: the
+task a toy backbone can first learn to bind on (a pretraining stage of the experiments), before it reads pairs
+among filler in another window.
 """
 
 from dataclasses import dataclass
@@ -90,6 +94,45 @@ def make_associative_batch(
     labels = torch.full_like(ids, -100)
     labels[:, -1] = answers
     return ids, labels, answers
+
+
+def make_bare_associative_batch(
+    batch_size: int,
+    length: int,
+    vocab: AssociativeVocab,
+    generator: torch.Generator | None = None,
+    num_pairs: int = 4,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of back-to-back blocks of `4 * num_pairs` tokens: `num_pairs` key-value pairs (each key followed by its
+    value; distinct keys, distinct values), then every one of those keys again in a random order, each followed by its
+    value. Only the values after the questions are labelled, so each is predicted at its question key, from the pairs
+    earlier in the same block. No filler.
+
+    Returns `input_ids` and `labels`, both `(batch_size, length)`, and the answers `(batch_size,)` (each row's last
+    value). `length` must be a multiple of the block's `4 * num_pairs` tokens, so that no block is cut.
+    """
+    block = 4 * num_pairs
+    if num_pairs < 1 or length < block or length % block:
+        raise ValueError(
+            f"length must be a positive multiple of 4 * num_pairs = {block} tokens (one block), got length={length}, "
+            f"num_pairs={num_pairs}"
+        )
+    if num_pairs > min(vocab.num_keys, vocab.num_values):
+        raise ValueError(
+            f"num_pairs={num_pairs} needs as many distinct keys and values; the vocab has {vocab.num_keys} keys and "
+            f"{vocab.num_values} values"
+        )
+    rows, blocks = batch_size * (length // block), torch.arange(batch_size * (length // block))[:, None]
+    keys = vocab.key_offset + torch.rand(rows, vocab.num_keys, generator=generator).argsort(-1)[:, :num_pairs]
+    values = vocab.value_offset + torch.rand(rows, vocab.num_values, generator=generator).argsort(-1)[:, :num_pairs]
+    asked = torch.rand(rows, num_pairs, generator=generator).argsort(-1)  # (rows, num_pairs): the questions' order
+    pairs = torch.stack([keys, values], -1).reshape(rows, 2 * num_pairs)
+    questions = torch.stack([keys[blocks, asked], values[blocks, asked]], -1).reshape(rows, 2 * num_pairs)
+    ids = torch.cat([pairs, questions], 1)  # (rows, block): one block a row
+    labels = torch.full_like(ids, -100)
+    labels[:, 2 * num_pairs + 1 :: 2] = ids[:, 2 * num_pairs + 1 :: 2]
+    ids, labels = ids.reshape(batch_size, length), labels.reshape(batch_size, length)
+    return ids, labels, ids[:, -1]
 
 
 def among_row_values(

@@ -15,7 +15,10 @@ Baseline. The recurrent GPT-2 with `h_prev` masked out computes exactly a stock 
 reads each window on its own (positions restart per window in both). So the baseline is a `GPT2LMHeadModel` with the
 same config and the same initial weights, trained with the same optimizer, schedule, steps and batches, reshaped from
 `(batch, num_windows * window_size)` to `(batch * num_windows, window_size)` with the same labels. It cannot see the
-key, so its accuracy should stay at the chance level `1 / num_keys`.
+key, so its accuracy should stay at the chance level `1 / num_keys`. The baseline can instead be the reference from
+above (`baseline_context="full"`): the same stock GPT-2 with positions for the whole row, reading every window of it
+as one sequence. It sees window 0 directly: a task that it does not learn within a budget tests the backbone's
+learning there, not the memory's.
 
 Control. The trained recurrent model is also scored with every row's earlier windows swapped for another row's
 (keeping its own last window): if it reads the key through `h_prev`, it now answers the other row's key, and its
@@ -45,7 +48,12 @@ import torch
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from ..data.associative_recall import AssociativeVocab, among_row_values, make_associative_batch
+from ..data.associative_recall import (
+    AssociativeVocab,
+    among_row_values,
+    make_associative_batch,
+    make_bare_associative_batch,
+)
 from ..data.key_recall import RecallVocab, make_recall_batch, swap_earlier_windows, to_independent_windows
 from ..models.recurrent_decoder import RecurrentGPT2Config, RecurrentGPT2LMHeadModel
 
@@ -339,6 +347,7 @@ def run_recall_experiment(
     lr_schedule: str = "linear",
     baseline_context: str = "window",
     recurrent: bool = True,
+    pretraining_steps: int = 0,
 ) -> dict:
     """Train the recurrent GPT-2 and its no-recurrence baseline on the recall task; score both on held-out data.
 
@@ -368,6 +377,12 @@ def run_recall_experiment(
     associative recall it adds `baseline_row_value_rate`. `recurrent=False` trains and scores the baseline alone:
     no `recurrent_*` entries, its curve is `baseline_curve` (with `baseline_eval_seconds`), and `swapped_accuracy` is
     the baseline's, reading rows whose earlier windows are another row's.
+
+    `pretraining_steps` (associative recall only): steps on the bare task first (`make_bare_associative_batch`: pairs
+    and then every question within each block, no filler, rows as long as the task's), before the curriculum and
+    `steps`; the learning-rate schedule and the curve run over both. Each model reads them as it reads the task (the
+    recurrent one in its windows, which must hold whole blocks: `window_size` a multiple of `4 * num_pairs`), so its
+    backbone can learn to bind within a window before it has to carry pairs across one.
     """
     curriculum = [tuple(stage) for stage in curriculum]
     check_curriculum(curriculum, window_size, steps)
@@ -375,6 +390,11 @@ def run_recall_experiment(
         raise ValueError(f"baseline_context must be one of {BASELINE_CONTEXTS}, got {baseline_context!r}")
     if not (recurrent or baseline):
         raise ValueError("recurrent=False and baseline=False: no model to train")
+    if pretraining_steps and (task != "associative" or window_size % (4 * num_pairs)):
+        raise ValueError(
+            f"pretraining_steps={pretraining_steps} needs task='associative' (got {task!r}) and window_size a multiple "
+            f"of the bare task's block of 4 * num_pairs = {4 * num_pairs} tokens (got {window_size})"
+        )
     learning_rate_factor(lr_schedule, steps)  # refuses an unknown schedule before any model is built
     settings = {
         "steps": steps,
@@ -400,12 +420,19 @@ def run_recall_experiment(
         **({"lr_schedule": lr_schedule} if lr_schedule != "linear" else {}),
         **({"baseline_context": baseline_context} if baseline and baseline_context != "window" else {}),
         **({"recurrent": False} if not recurrent else {}),
+        **({"pretraining_steps": pretraining_steps} if pretraining_steps else {}),
     }
     layout = {"num_windows": num_windows, "num_keys": num_keys, "num_filler": num_filler}
     layout |= {"num_values": num_values, "num_pairs": num_pairs}
     vocab, batches, chance = task_data(task, window_size=window_size, **layout)
     stages = [Stage(size, count, task_data(task, window_size=size, **layout)[1]) for size, count in curriculum]
     stages.append(Stage(window_size, steps - sum(count for _, count in curriculum), batches))
+    if pretraining_steps:
+
+        def bare_batches(batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+            return make_bare_associative_batch(batch_size, num_windows * window_size, vocab, generator, num_pairs)
+
+        stages.insert(0, Stage(window_size, pretraining_steps, bare_batches))
     # Built from the recorded settings themselves, so that what results.json says is what ran.
     recurrent_model, stock = build_models(
         vocab=vocab,
