@@ -56,6 +56,8 @@ SLOTS = associative_arms(4)["slots_every_layer"]
 # A backbone that binds within a window before it reads the task: 1,500 steps of the bare task (pairs, then their
 # questions, no filler) first, at a learning rate of 1e-3 (at the gate's 2e-3, 2,000 such steps did not bind).
 PRETRAINED = {"pretraining_steps": 1500, "lr": 1e-3}
+# ... and that keeps binding while it learns the task: half of every batch at T=32 bare rows.
+MIXED = {**PRETRAINED, "bare_fraction": 0.5}
 # Name -> (what changes, `run_recall_experiment` settings over BASE; `memory` replaces the arm's).
 VARIANTS: dict[str, tuple[str, dict]] = {
     "slots_every_layer": ("gate 1's arm (4 attention slots read at every layer)", {"memory": SLOTS}),
@@ -131,6 +133,18 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "pretrained_oracle_value": (
         "the value-token oracle, first trained on the bare task, at lr 1e-3",
         {"memory": SLOTS, "oracle": "value", **PRETRAINED},
+    ),
+    "pretrained_mixed": (
+        "gate 1's arm, first trained on the bare task, then half of every batch bare rows, at lr 1e-3",
+        {"memory": SLOTS, **MIXED},
+    ),
+    "pretrained_mixed_oracle_value": (
+        "the value-token oracle, first trained on the bare task, then half of every batch bare rows, at lr 1e-3",
+        {"memory": SLOTS, "oracle": "value", **MIXED},
+    ),
+    "pretrained_mixed_memory_tokens": (
+        "RMT-style memory tokens, first trained on the bare task, then half of every batch bare rows, at lr 1e-3",
+        {"memory": SLOTS, "memory_tokens": True, **MIXED},
     ),
 }
 # The toy's filler tokens (the experiment's default), before the keys and values in the vocabulary.

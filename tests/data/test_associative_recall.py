@@ -4,7 +4,13 @@ last, each key right before its value; the last window holds no pair, only the q
 import pytest
 import torch
 
-from hf_recurrence.data import AssociativeVocab, among_row_values, make_associative_batch, swap_earlier_windows
+from hf_recurrence.data import (
+    AssociativeVocab,
+    among_row_values,
+    make_associative_batch,
+    make_bare_associative_batch,
+    swap_earlier_windows,
+)
 
 
 VOCAB = AssociativeVocab(num_filler=32, num_keys=16, num_values=16)
@@ -130,3 +136,31 @@ def test_among_row_values_finds_the_stored_values_and_nothing_else(num_windows):
 def test_bad_sizes_are_refused_by_name(arguments, message):
     with pytest.raises(ValueError, match=message):
         batch(**arguments)
+
+
+def test_the_bare_task_asks_every_pair_of_each_block_right_after_it():
+    ids, labels, answers = make_bare_associative_batch(64, 48, VOCAB, torch.Generator().manual_seed(0))
+    assert ids.shape == labels.shape == (64, 48) and torch.equal(answers, ids[:, -1])
+    assert (ids >= VOCAB.num_filler).all()  # no filler
+    for block in ids.reshape(64 * 3, 16):  # 3 blocks of 4 pairs, then their 4 questions
+        pairs, questions = block[:8].reshape(4, 2), block[8:].reshape(4, 2)
+        assert (kinds(pairs[:, 0]) == 1).all() and (kinds(pairs[:, 1]) == 2).all()
+        assert len(set(pairs[:, 0].tolist())) == 4 and len(set(pairs[:, 1].tolist())) == 4
+        # Every key asked once, each followed by its own value.
+        assert sorted(map(tuple, questions.tolist())) == sorted(map(tuple, pairs.tolist()))
+    # Labelled: the value after each question, nothing else.
+    labelled = labels.reshape(-1, 16) != -100
+    assert labelled[:, [9, 11, 13, 15]].all() and labelled.sum() == 64 * 3 * 4
+    assert torch.equal(labels[labels != -100], ids[labels != -100])
+    # The question order is random: each pair is asked first about as often.
+    first = ids.reshape(-1, 16)[:, 8:9] == ids.reshape(-1, 16)[:, 0:8:2]  # (blocks, 4)
+    assert (first.float().mean(0) > 0.1).all()
+
+
+@pytest.mark.parametrize(
+    ("length", "num_pairs", "message"),
+    [(40, 4, "length must be a positive multiple of 4 \\* num_pairs = 16 tokens"), (68, 17, "num_pairs=17 needs")],
+)
+def test_the_bare_task_refuses_a_cut_block_or_too_many_pairs(length, num_pairs, message):
+    with pytest.raises(ValueError, match=message):
+        make_bare_associative_batch(2, length, VOCAB, num_pairs=num_pairs)

@@ -8,6 +8,7 @@ own) stays at chance, and the trained recurrent model falls to chance when its e
 
 import pytest
 
+from hf_recurrence.experiments import key_recall
 from hf_recurrence.experiments.key_recall import run_recall_experiment
 
 
@@ -58,6 +59,87 @@ def test_a_run_with_no_model_or_an_unknown_baseline_context_is_refused():
         run_recall_experiment(baseline_context="whole")
     with pytest.raises(ValueError, match="no model to train"):
         run_recall_experiment(recurrent=False, baseline=False)
+
+
+def test_pretraining_on_the_bare_task_comes_first_and_each_model_reads_it_as_it_reads_the_task(monkeypatch):
+    read = []
+
+    def recording_loss(model, recurrent, window_size, ids, labels):
+        read.append((recurrent, window_size, int((labels != -100).sum()) // ids.shape[0]))
+        return original(model, recurrent, window_size, ids, labels)
+
+    original = key_recall.recall_loss
+    monkeypatch.setattr(key_recall, "recall_loss", recording_loss)
+    settings = {"steps": 3, "window_size": 16, "task": "associative", "num_keys": 8, "num_values": 8}
+    result = run_recall_experiment(
+        **settings,
+        num_filler=8,
+        eval_size=16,
+        eval_every=2,
+        pretraining_steps=2,
+        curriculum=[(8, 1)],
+        baseline_context="full",
+    )
+    # Pretraining (2 steps, every question of the 2 blocks a row labelled), then the curriculum and the task (one
+    # label a row); the recurrent model in its 16-token windows, the full-context baseline the 32-token rows whole.
+    assert (
+        read
+        == [(True, 16, 8)] * 2
+        + [(True, 8, 1)]
+        + [(True, 16, 1)] * 2
+        + [(False, 32, 8)] * 2
+        + [(False, 16, 1)]
+        + [(False, 32, 1)] * 2
+    )
+    assert [point["step"] for point in result["recurrent_curve"]] == [0, 2, 4, 5]
+    assert result["settings"]["pretraining_steps"] == 2
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"task": "key"}, "need task='associative' \\(got 'key'\\)"),
+        ({"window_size": 24}, "4 \\* num_pairs = 16 tokens \\(got 24\\)"),
+    ],
+)
+def test_pretraining_refuses_the_key_task_and_windows_that_cut_a_block(settings, message):
+    with pytest.raises(ValueError, match=message):
+        run_recall_experiment(**{"task": "associative", "window_size": 32, **settings}, pretraining_steps=1)
+    with pytest.raises(ValueError, match=message):
+        run_recall_experiment(**{"task": "associative", "window_size": 32, **settings}, bare_fraction=0.5)
+
+
+def test_a_bare_fraction_mixes_bare_rows_into_the_tasks_batches_after_the_curriculum(monkeypatch):
+    batches = []
+
+    def recording_loss(model, recurrent, window_size, ids, labels):
+        batches.append((window_size, ids.clone(), labels.clone()))
+        return original(model, recurrent, window_size, ids, labels)
+
+    original = key_recall.recall_loss
+    monkeypatch.setattr(key_recall, "recall_loss", recording_loss)
+    run_recall_experiment(
+        steps=3,
+        batch_size=8,
+        window_size=16,
+        task="associative",
+        num_filler=8,
+        num_keys=8,
+        num_values=8,
+        eval_size=16,
+        baseline=False,
+        curriculum=[(8, 1)],
+        bare_fraction=0.5,
+    )
+    (short, *_), task_batches = batches[0], batches[1:]
+    assert short == 8 and len(task_batches) == 2
+    for window_size, ids, labels in task_batches:
+        labelled = (labels != -100).sum(1)
+        # 4 bare rows (no filler; every question of the 2 blocks labelled), then 4 of the task (its answer alone).
+        assert window_size == 16 and labelled.tolist() == [8] * 4 + [1] * 4
+        assert (ids[:4] >= 8).all() and (ids[4:] < 8).any(1).all()
+    with pytest.raises(ValueError, match="bare_fraction must be in \\[0, 1\\): the share of a batch's rows, got 1"):
+        run_recall_experiment(task="associative", window_size=32, bare_fraction=1)
 
 
 @pytest.mark.slow

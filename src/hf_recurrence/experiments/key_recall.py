@@ -348,6 +348,7 @@ def run_recall_experiment(
     baseline_context: str = "window",
     recurrent: bool = True,
     pretraining_steps: int = 0,
+    bare_fraction: float = 0.0,
 ) -> dict:
     """Train the recurrent GPT-2 and its no-recurrence baseline on the recall task; score both on held-out data.
 
@@ -382,7 +383,9 @@ def run_recall_experiment(
     and then every question within each block, no filler, rows as long as the task's), before the curriculum and
     `steps`; the learning-rate schedule and the curve run over both. Each model reads them as it reads the task (the
     recurrent one in its windows, which must hold whole blocks: `window_size` a multiple of `4 * num_pairs`), so its
-    backbone can learn to bind within a window before it has to carry pairs across one.
+    backbone can learn to bind within a window before it has to carry pairs across one. `bare_fraction` keeps it
+    binding afterwards: that share of the rows of every later batch at `window_size` (the curriculum's shorter
+    stages are left as they are) is bare-task rows, labelled as in pretraining; the held-out rows are the task's.
     """
     curriculum = [tuple(stage) for stage in curriculum]
     check_curriculum(curriculum, window_size, steps)
@@ -390,11 +393,14 @@ def run_recall_experiment(
         raise ValueError(f"baseline_context must be one of {BASELINE_CONTEXTS}, got {baseline_context!r}")
     if not (recurrent or baseline):
         raise ValueError("recurrent=False and baseline=False: no model to train")
-    if pretraining_steps and (task != "associative" or window_size % (4 * num_pairs)):
+    if (pretraining_steps or bare_fraction) and (task != "associative" or window_size % (4 * num_pairs)):
         raise ValueError(
-            f"pretraining_steps={pretraining_steps} needs task='associative' (got {task!r}) and window_size a multiple "
-            f"of the bare task's block of 4 * num_pairs = {4 * num_pairs} tokens (got {window_size})"
+            f"pretraining_steps={pretraining_steps}, bare_fraction={bare_fraction} need task='associative' (got "
+            f"{task!r}) and window_size a multiple of the bare task's block of 4 * num_pairs = {4 * num_pairs} tokens "
+            f"(got {window_size})"
         )
+    if not 0 <= bare_fraction < 1:
+        raise ValueError(f"bare_fraction must be in [0, 1): the share of a batch's rows, got {bare_fraction}")
     learning_rate_factor(lr_schedule, steps)  # refuses an unknown schedule before any model is built
     settings = {
         "steps": steps,
@@ -421,17 +427,25 @@ def run_recall_experiment(
         **({"baseline_context": baseline_context} if baseline and baseline_context != "window" else {}),
         **({"recurrent": False} if not recurrent else {}),
         **({"pretraining_steps": pretraining_steps} if pretraining_steps else {}),
+        **({"bare_fraction": bare_fraction} if bare_fraction else {}),
     }
     layout = {"num_windows": num_windows, "num_keys": num_keys, "num_filler": num_filler}
     layout |= {"num_values": num_values, "num_pairs": num_pairs}
     vocab, batches, chance = task_data(task, window_size=window_size, **layout)
     stages = [Stage(size, count, task_data(task, window_size=size, **layout)[1]) for size, count in curriculum]
-    stages.append(Stage(window_size, steps - sum(count for _, count in curriculum), batches))
+
+    def bare_batches(batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        return make_bare_associative_batch(batch_size, num_windows * window_size, vocab, generator, num_pairs)
+
+    def mixed_batches(batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        ids, labels, answers = batches(batch_size, generator)
+        bare = int(batch_size * bare_fraction)
+        if bare:  # the first rows: a batch of 8 at 0.5 holds 4 of each
+            ids[:bare], labels[:bare], answers[:bare] = bare_batches(bare, generator)
+        return ids, labels, answers
+
+    stages.append(Stage(window_size, steps - sum(count for _, count in curriculum), mixed_batches))
     if pretraining_steps:
-
-        def bare_batches(batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
-            return make_bare_associative_batch(batch_size, num_windows * window_size, vocab, generator, num_pairs)
-
         stages.insert(0, Stage(window_size, pretraining_steps, bare_batches))
     # Built from the recorded settings themselves, so that what results.json says is what ran.
     recurrent_model, stock = build_models(
