@@ -146,6 +146,19 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         "RMT-style memory tokens, first trained on the bare task, then half of every batch bare rows, at lr 1e-3",
         {"memory": SLOTS, "memory_tokens": True, **MIXED},
     ),
+    "pretrained_mixed_straight_through": (
+        "the selecting writer learned straight through, first trained on the bare task, then half of every batch bare "
+        "rows, at lr 1e-3",
+        {"memory": SLOTS, "selection": "straight_through", **MIXED},
+    ),
+    "pretrained_mixed_paper": (
+        "the paper's arm (k=1, mean), first trained on the bare task, then half of every batch bare rows, at lr 1e-3",
+        {"memory": {}, **MIXED},
+    ),
+    "pretrained_straight_through": (
+        "the selecting writer learned straight through, first trained on the bare task, at lr 1e-3",
+        {"memory": SLOTS, "selection": "straight_through", **PRETRAINED},
+    ),
 }
 # The toy's filler tokens (the experiment's default), before the keys and values in the vocabulary.
 FILLER = inspect.signature(run_recall_experiment).parameters["num_filler"].default
