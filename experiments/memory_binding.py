@@ -13,7 +13,7 @@ size reading both windows as one sequence, which binds if anything of this size 
 values are carried and the binding is what is missing; near num_pairs/num_values, nothing is carried. The variants
 are pilots on the gate's pilot seed (0); nothing here is chosen on the gate's seeds 1 and 2.
 
-Run (about 80 CPU-minutes on one thread; resumable: each finished variant is saved at once, and a rerun with the
+Run (about 135 CPU-minutes on one thread; resumable: each finished variant is saved at once, and a rerun with the
 same flags skips the variants it holds):
 
     python experiments/memory_binding.py
