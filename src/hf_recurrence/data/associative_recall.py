@@ -44,6 +44,15 @@ class AssociativeVocab:
         return self.num_filler + self.num_keys + self.num_values
 
 
+def _check_distinct_pairs(num_pairs: int, vocab: AssociativeVocab) -> None:
+    """Refuses more pairs a row than the vocab has distinct keys or values."""
+    if num_pairs > min(vocab.num_keys, vocab.num_values):
+        raise ValueError(
+            f"num_pairs={num_pairs} needs as many distinct keys and values; the vocab has {vocab.num_keys} keys and "
+            f"{vocab.num_values} values"
+        )
+
+
 def make_associative_batch(
     batch_size: int,
     window_size: int,
@@ -68,11 +77,7 @@ def make_associative_batch(
         raise ValueError(
             f"window_size must be at least 3 and hold {num_pairs} pairs (2 tokens each), got {window_size}"
         )
-    if num_pairs > min(vocab.num_keys, vocab.num_values):
-        raise ValueError(
-            f"num_pairs={num_pairs} needs as many distinct keys and values; the vocab has {vocab.num_keys} keys and "
-            f"{vocab.num_values} values"
-        )
+    _check_distinct_pairs(num_pairs, vocab)
     length = num_windows * window_size
     rows = torch.arange(batch_size)[:, None]
     ids = torch.randint(0, vocab.num_filler, (batch_size, length), generator=generator)
@@ -117,17 +122,14 @@ def make_bare_associative_batch(
             f"length must be a positive multiple of 4 * num_pairs = {block} tokens (one block), got length={length}, "
             f"num_pairs={num_pairs}"
         )
-    if num_pairs > min(vocab.num_keys, vocab.num_values):
-        raise ValueError(
-            f"num_pairs={num_pairs} needs as many distinct keys and values; the vocab has {vocab.num_keys} keys and "
-            f"{vocab.num_values} values"
-        )
-    rows, blocks = batch_size * (length // block), torch.arange(batch_size * (length // block))[:, None]
+    _check_distinct_pairs(num_pairs, vocab)
+    rows = batch_size * (length // block)  # one block a row, until the reshape at the end
+    row = torch.arange(rows)[:, None]
     keys = vocab.key_offset + torch.rand(rows, vocab.num_keys, generator=generator).argsort(-1)[:, :num_pairs]
     values = vocab.value_offset + torch.rand(rows, vocab.num_values, generator=generator).argsort(-1)[:, :num_pairs]
     asked = torch.rand(rows, num_pairs, generator=generator).argsort(-1)  # (rows, num_pairs): the questions' order
     pairs = torch.stack([keys, values], -1).reshape(rows, 2 * num_pairs)
-    questions = torch.stack([keys[blocks, asked], values[blocks, asked]], -1).reshape(rows, 2 * num_pairs)
+    questions = torch.stack([keys[row, asked], values[row, asked]], -1).reshape(rows, 2 * num_pairs)
     ids = torch.cat([pairs, questions], 1)  # (rows, block): one block a row
     labels = torch.full_like(ids, -100)
     labels[:, 2 * num_pairs + 1 :: 2] = ids[:, 2 * num_pairs + 1 :: 2]
