@@ -447,11 +447,13 @@ def run_recall_experiment(
     stages.append(Stage(window_size, steps - sum(count for _, count in curriculum), mixed_batches))
     if pretraining_steps:
         stages.insert(0, Stage(window_size, pretraining_steps, bare_batches))
+    # The baseline's sequence: one window, or with full context the whole row.
+    baseline_reading = window_size * (num_windows if baseline_context == "full" else 1)
     # Built from the recorded settings themselves, so that what results.json says is what ran.
     recurrent_model, stock = build_models(
         vocab=vocab,
         **{name: settings[name] for name in MODEL_SETTINGS},
-        baseline_positions=window_size * (num_windows if baseline_context == "full" else 1),
+        baseline_positions=baseline_reading,
     )
     recurrent_model, stock = recurrent_model.to(device, dtype), stock.to(device, dtype)
     # Held-out evaluation data from a stream the training batches never use.
@@ -474,7 +476,7 @@ def run_recall_experiment(
     latest: dict[str, torch.Tensor] = {}
     arms = [("recurrent", recurrent_model, True, window_size)] if recurrent else []
     if baseline:
-        arms.append(("baseline", stock, False, window_size * (num_windows if baseline_context == "full" else 1)))
+        arms.append(("baseline", stock, False, baseline_reading))
     # The curve follows the first arm: the recurrent model, or the baseline trained alone.
     curve_arm = arms[0][0]
 
