@@ -34,7 +34,12 @@ from torch import nn
 
 from hf_recurrence.data import AssociativeVocab
 from hf_recurrence.experiments.key_recall import run_recall_experiment
-from hf_recurrence.experiments.memory_gates import associative_arms, describe_memory, run_arm
+from hf_recurrence.experiments.memory_gates import (
+    FULL_CONTEXT_DESCRIPTION,
+    associative_arms,
+    describe_memory,
+    run_arm,
+)
 from hf_recurrence.models.recurrent_decoder import RecurrentGPT2LMHeadModel
 from hf_recurrence.models.recurrent_decoder.step_recurrent_decoder import RecurrentDecoderRecurrence
 
@@ -155,6 +160,15 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         "the paper's arm (k=1, mean), first trained on the bare task, then half of every batch bare rows, at lr 1e-3",
         {"memory": {}, **MIXED},
     ),
+    "pretrained_mixed_straight_through_no_shift": (
+        "the same, each token scored and kept by its own states alone (no previous token added)",
+        {"memory": SLOTS, "selection": "straight_through", "shift": "none", **MIXED},
+    ),
+    "pretrained_mixed_select": (
+        "the selecting writer as the model's setting (memory_pooling='select'), first trained on the bare task, then "
+        "half of every batch bare rows, at lr 1e-3",
+        {"memory": {**SLOTS, "memory_pooling": "select"}, **MIXED},
+    ),
     "pretrained_straight_through": (
         "the selecting writer learned straight through, first trained on the bare task, at lr 1e-3",
         {"memory": SLOTS, "selection": "straight_through", **PRETRAINED},
@@ -171,8 +185,9 @@ WRITERS = ("oracle", "selection", "shift", "memory_tokens", "full_context")
 # forced to the value tokens, or forced for the first half of the training steps and learned after.
 SELECTIONS = ("learned", "sampled", "straight_through", "values", "values_first")
 # What a selecting writer adds to each token's states: its predecessor's as they are, or through a learned projection
-# (orthogonal at first), so that a kept value token holds its key apart from the key tokens' own states.
-SHIFTS = ("sum", "projected")
+# (orthogonal at first), so that a kept value token holds its key apart from the key tokens' own states; or nothing,
+# each token scored and kept by its own states alone.
+SHIFTS = ("sum", "projected", "none")
 # Added to a value token's score by the forced selection: far above any learned score of this toy.
 FORCED_SCORE = 10.0
 
@@ -199,10 +214,10 @@ def _writer_of_window_0(
         call.update(ids=input_ids, pooled=0, model=model)
         return forward(model, input_ids, *args, **kwargs)
 
-    def pool_first_window(recurrence, layer_states, real, positions, config):
+    def pool_first_window(recurrence, layer_states, real, positions, config, window_pooled=None):
         call["pooled"] += 1
         if call["pooled"] > 1:
-            return pool(recurrence, layer_states, real, positions, config)
+            return pool(recurrence, layer_states, real, positions, config, window_pooled)
         window = call["ids"].shape[1] // 2  # the toy's two windows
         return pool_window_0(recurrence, layer_states, call["ids"][:, :window], config, call["model"])
 
@@ -294,7 +309,10 @@ def selecting_writer(
         previous = torch.nn.functional.pad(states, (0, 0, 1, 0))[:, :-1]  # zeros before the first token
         batch, window, hidden = states.shape
         token_scores, previous_scores = recurrence.selection_scores.float()
-        scores = (states @ token_scores + previous @ previous_scores) / hidden**0.5  # (batch, window)
+        scores = states @ token_scores
+        if shift != "none":
+            scores = scores + previous @ previous_scores
+        scores = scores / hidden**0.5  # (batch, window)
         nonlocal training_steps
         training = torch.is_grad_enabled()  # a training step's forward; the scoring runs without gradients
         training_steps += training
@@ -308,7 +326,12 @@ def selecting_writer(
             ranked = ranked - torch.log(-torch.log(uniform))  # Gumbel-top-k
         kept = ranked.topk(config.memory_slots, dim=1).indices.sort(1).values  # (batch, k), in window order
         rows = torch.arange(batch)[:, None]
-        shifted = states + (previous @ recurrence.previous_projection.float() if shift == "projected" else previous)
+        if shift == "none":
+            shifted = states
+        else:
+            shifted = states + (
+                previous @ recurrence.previous_projection.float() if shift == "projected" else previous
+            )
         if select == "straight_through":
             chosen = shifted[rows, kept]  # (batch, k, hidden)
             if training:
@@ -396,7 +419,7 @@ def results_table(records: dict[str, dict]) -> dict:
                 name,
                 VARIANTS[name][0],
                 (
-                    "none: full attention over both windows"
+                    FULL_CONTEXT_DESCRIPTION
                     if record.get("full_context")
                     else describe_memory(kwargs["memory"], kwargs["n_layer"])
                 )
@@ -493,7 +516,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         else:
             writer = contextlib.nullcontext()
         with writer as kept_values:
-            runs[name] = run_arm(planned, device, dtype, full_context=planned.get("full_context", False))
+            runs[name] = run_arm(planned, device, dtype)
         if kept_values:
             runs[name]["kept_value_share"] = sum(kept_values) / len(kept_values)
         print(

@@ -93,6 +93,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="WINDOW:STEPS",
         help="4-pair recall's curriculum, the same way, within --associative-steps",
     )
+    parser.add_argument(
+        "--selection-arms",
+        action="store_true",
+        help="4-pair recall: add the selecting memory (memory_pooling='select', k slots read at every layer) and its "
+        "zero-input twin",
+    )
+    parser.add_argument(
+        "--full-context-reference",
+        action="store_true",
+        help="4-pair recall: add the reference from above, a stock GPT-2 reading both windows as one sequence",
+    )
+    parser.add_argument(
+        "--pretraining-steps",
+        type=int,
+        default=0,
+        help="4-pair recall: train every arm this many steps on the bare task first (pairs, then their questions, no "
+        "filler); none by default",
+    )
+    parser.add_argument(
+        "--bare-fraction",
+        type=float,
+        default=0.0,
+        help="4-pair recall: the share of bare-task rows mixed into every batch after the curriculum (default 0)",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument(
@@ -149,6 +173,10 @@ def gate_plan(args: argparse.Namespace) -> list[dict]:
         curve_size=args.curve_size,
         arms=args.arms,
         common=common,
+        selection_arms=args.selection_arms,
+        full_context_reference=args.full_context_reference,
+        pretraining_steps=args.pretraining_steps,
+        bare_fraction=args.bare_fraction,
     )
     if not plan:
         sys.exit(f"--arms {' '.join(args.arms)}: no such arm in the tasks {' '.join(args.tasks)}")
@@ -188,6 +216,16 @@ def describe_curricula(args: argparse.Namespace) -> str:
     return f"; curriculum: {'; '.join(parts)}" if parts else ""
 
 
+def describe_pretraining(args: argparse.Namespace) -> str:
+    """ "; 4-pair recall first 1500 steps of the bare task, then half of every batch bare rows": if any."""
+    parts = []
+    if args.pretraining_steps:
+        parts.append(f"first {args.pretraining_steps} steps of the bare task (pairs, then their questions, no filler)")
+    if args.bare_fraction:
+        parts.append(f"a share of {args.bare_fraction:g} of every batch after the curriculum bare rows")
+    return f"; 4-pair recall: {', then '.join(parts)}" if parts else ""
+
+
 def save(
     args: argparse.Namespace,
     machine: dict,
@@ -224,6 +262,8 @@ def save(
         "num_values",
         "num_pairs",
         "curriculum",
+        "pretraining_steps",
+        "bare_fraction",
     )
     for name in (*planned_per_task, "eval_every", "curve_size", "eval_size"):
         settings.pop(name, None)
@@ -234,7 +274,7 @@ def save(
             f"{args.num_keys} keys; associative recall: T={args.associative_window_size}, {args.associative_steps} "
             f"steps, {args.associative_layers} layers, {args.num_pairs} pairs of {args.associative_keys} keys and "
             f"{args.num_values} values; k-slot arms k={args.slots}; seeds {', '.join(map(str, args.seeds))}"
-            f"{describe_curricula(args)}. "
+            f"{describe_curricula(args)}{describe_pretraining(args)}. "
             f"Accuracy: the argmax at the query over all {args.eval_size} held-out rows (own and swapped earlier "
             f"windows); the curves: the first {args.curve_size} of them, every {args.eval_every} steps.",
         ],

@@ -157,3 +157,11 @@ def test_gemma3_recurrence_adds_under_one_percent():
     stock = Gemma3TextConfig(**GEMMA3_270M_SHAPE)
     recurrent = RecurrentDecoderConfig(text_config=Gemma3TextConfig(**GEMMA3_270M_SHAPE), window_size=128)
     assert flops_per_token(stock, 128, 0) < flops_per_token(recurrent, 128, 0) < 1.01 * flops_per_token(stock, 128, 0)
+
+
+def test_a_selecting_memory_adds_a_score_and_a_softmax_share_per_position():
+    # The same 4 slots pooled by the mean of the layer mix or kept by a selection: the selection scores every
+    # position and sums its states into the softmax share (2 x 576 each); slots and reading layers cost alike.
+    mean = RecurrentLlamaConfig(**SMOLLM2_SHAPE, window_size=128, memory_slots=4)
+    select = RecurrentLlamaConfig(**SMOLLM2_SHAPE, window_size=128, memory_slots=4, memory_pooling="select")
+    assert flops_per_token(select, 128, 16) - flops_per_token(mean, 128, 16) == pytest.approx(4 * 576 * 128 / 112)

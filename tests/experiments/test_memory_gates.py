@@ -125,7 +125,7 @@ def test_every_arm_of_the_gate_builds(one_thread):
     """The arms' settings are valid recurrence configs (once the core has the memory knobs), and the knobs change the
     model: a setting the config kept as an inert attribute would leave every arm the paper's."""
     parameters = {}
-    for name, memory in {**key_recall_arms(), **associative_arms(4)}.items():
+    for name, memory in {**key_recall_arms(), **associative_arms(4, selection=True)}.items():
         model, _ = model_of("associative", 8, 4, memory)
         for field, value in memory.items():
             assert getattr(model.config, field) == value, (name, field)
@@ -133,6 +133,8 @@ def test_every_arm_of_the_gate_builds(one_thread):
     assert parameters["attention"] > parameters["paper"]
     assert parameters["slots"] > parameters["attention"]
     assert parameters["slots_every_layer"] >= parameters["slots"]
+    # One selecting query pair for the k slot queries.
+    assert parameters["select_every_layer"] == parameters["slots_every_layer"] - 4 * 32 + 2 * 32
 
 
 def test_trained_arms_carry_the_key_and_their_controls_stay_at_chance(one_thread):
@@ -376,3 +378,71 @@ def test_the_script_runs_a_curriculum_and_names_a_malformed_stage(tmp_path):
     assert "curriculum: key recall 2 steps at T=4" in json.loads(output.read_text())["text"]["settings"][0]
     malformed = run_script(EXPERIMENTS / "memory_gate1.py", *arguments[:-2], "--key-curriculum", "4x2")
     assert malformed.returncode == 2 and "'4x2': a curriculum stage is WINDOW:STEPS" in malformed.stderr
+
+
+# The binding rerun's options: the selecting memory, the reference from above, a backbone pretrained to bind.
+
+
+def test_the_binding_options_add_the_selection_the_reference_and_the_pretraining_to_4_pair_recall_only():
+    plain = plan_gate1(seeds=[0], common=TINY)
+    assert all(
+        "pretraining_steps" not in p["kwargs"] and "bare_fraction" not in p["kwargs"] and "full_context" not in p
+        for p in plain
+    )
+    plan = plan_gate1(
+        seeds=[0, 1],
+        common=TINY,
+        selection_arms=True,
+        full_context_reference=True,
+        pretraining_steps=1500,
+        bare_fraction=0.5,
+    )
+    pairs = [p for p in plan if p["task"] == "associative"]
+    assert all(p["kwargs"]["pretraining_steps"] == 1500 and p["kwargs"]["bare_fraction"] == 0.5 for p in pairs)
+    # The key task is as before: the bare task is 4-pair recall's.
+    assert [p for p in plan if p["task"] == "key"] == [
+        p for p in plan_gate1(seeds=[0, 1], common=TINY) if p["task"] == "key"
+    ]
+    arms = associative_arms(4, selection=True)
+    assert arms["select_every_layer"] == {**arms["slots_every_layer"], "memory_pooling": "select"}
+    assert arms["select_every_layer_zero_input"] == {**arms["select_every_layer"], "recurrence_input": "zeros"}
+    reference = [p for p in pairs if p["arm"] == "full_context"]
+    assert [p["seed"] for p in reference] == [0, 1]
+    assert all(p["full_context"] is True and p["kwargs"]["memory"] == {} for p in reference)
+    assert sum("full_context" in p for p in plan) == 2
+
+
+def test_the_selecting_arm_can_meet_the_binding_goal_and_the_reference_is_a_row_of_its_own():
+    plan = plan_gate1(
+        seeds=[0, 1, 2], tasks=["associative"], common=TINY, selection_arms=True, full_context_reference=True
+    )
+    met = {
+        "associative/T=32/select_every_layer": [0.98, 0.95, 0.97],
+        "associative/T=32/full_context": [1.0, 1.0, 1.0],
+        "associative/T=32/paper": [0.26, 0.25, 0.25],
+    }
+    goal = gate1_goals(plan, fake_records(plan, met))[1]
+    assert goal["passed"] is True and "Met by: select_every_layer." in goal["line"], goal["line"]
+    rows = {row[0]: row for row in result_tables(plan, fake_records(plan, met))["associative_recall"]["rows"]}
+    assert rows["full_context"][1] == "none: full attention over both windows"
+    assert rows["select_every_layer"][1] == "k=4, select, read at every layer"
+
+
+def test_the_script_runs_the_reference_and_the_selection_on_a_pretrained_backbone(tmp_path):
+    output = tmp_path / "gate1.json"
+    arguments = [
+        *("--tasks", "associative", "--seeds", "0", "--associative-window-size", "8", "--associative-steps", "4"),
+        *("--associative-layers", "2", "--num-pairs", "2", "--selection-arms", "--full-context-reference"),
+        *("--pretraining-steps", "2", "--bare-fraction", "0.5", "--arms", "select_every_layer", "full_context"),
+        *("--eval-every", "2", "--eval-size", "32", "--curve-size", "16", "--device", "cpu"),
+        *("--output-json", str(output)),
+    ]
+    result = run_script(EXPERIMENTS / "memory_gate1.py", *arguments)
+    assert result.returncode == 0, result.stderr[-2000:]
+    recorded = json.loads(output.read_text())
+    select, reference = recorded["values"]["runs"]
+    assert select["kwargs"]["memory"]["memory_pooling"] == "select" and "full_context" not in select
+    assert reference["full_context"] is True
+    assert select["settings"]["pretraining_steps"] == 2 and select["settings"]["bare_fraction"] == 0.5
+    settings = recorded["text"]["settings"][0]
+    assert "4-pair recall: first 2 steps of the bare task" in settings and "a share of 0.5 of every batch" in settings

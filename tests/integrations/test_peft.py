@@ -78,15 +78,25 @@ def test_saved_lora_adapter_loads_through_peft_and_through_transformers(family, 
         torch.testing.assert_close(through_transformers(ids).logits, expected, rtol=1e-6, atol=1e-6)
 
 
-# The paper's recurrence, and a memory of two attention slots read at two layers (its queries and slot embeddings
-# are trained and saved with the recurrence).
-MEMORY = {"memory_slots": 2, "memory_pooling": "attention", "memory_read_layers": [0, 1]}
+# The paper's recurrence, and memories of two slots read at two layers, pooled by attention or kept by a selection
+# (name -> settings, the memory's own weights, which are trained and saved with the recurrence).
+MEMORIES = {
+    "paper": ({}, {"layer_weight_logits"}),
+    "attention": (
+        {"memory_slots": 2, "memory_pooling": "attention", "memory_read_layers": [0, 1]},
+        {"layer_weight_logits", "memory_queries", "slot_embeddings"},
+    ),
+    "select": (
+        {"memory_slots": 2, "memory_pooling": "select", "memory_read_layers": [0, 1]},
+        {"layer_weight_logits", "memory_selection_query", "slot_embeddings"},
+    ),
+}
 
 
 # peft 0.21 still reads the `is_gradient_checkpointing` property that transformers 5.23 deprecates.
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
-@pytest.mark.parametrize("memory", [{}, MEMORY], ids=["paper", "memory"])
-def test_lora_on_q_and_v_trains_adapters_and_recurrence_only(memory, tmp_path):
+@pytest.mark.parametrize(("memory", "memory_weights"), list(MEMORIES.values()), ids=list(MEMORIES))
+def test_lora_on_q_and_v_trains_adapters_and_recurrence_only(memory, memory_weights, tmp_path):
     base = RecurrentLlamaForCausalLM(tiny_recurrent_llama_config(**memory))
     base.save_pretrained(tmp_path / "base")
     lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["recurrence"], task_type="CAUSAL_LM")
@@ -94,10 +104,8 @@ def test_lora_on_q_and_v_trains_adapters_and_recurrence_only(memory, tmp_path):
     trainable = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
     assert any("lora_" in name for name in trainable) and any(".recurrence." in name for name in trainable)
     assert all("lora_" in name or ".recurrence.modules_to_save." in name for name in trainable)
-    memory_weights = {name.rsplit(".", 1)[-1] for name in trainable if ".recurrence." in name} - {"weight", "bias"}
-    assert memory_weights == (
-        {"layer_weight_logits", "memory_queries", "slot_embeddings"} if memory else {"layer_weight_logits"}
-    )
+    trained = {name.rsplit(".", 1)[-1] for name in trainable if ".recurrence." in name} - {"weight", "bias"}
+    assert trained == memory_weights
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     ids = torch.randint(1, 99, (2, 30))

@@ -30,7 +30,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedT
 
 from ..families import FAMILIES
 from ..models.recurrent_decoder import RecurrentDecoderConfig, RecurrentLlamaConfig
-from ..models.recurrent_decoder.configuration_recurrent_decoder import PRE_ATTENTION_NORMS
+from ..models.recurrent_decoder.configuration_recurrent_decoder import MEMORY_POOLINGS, PRE_ATTENTION_NORMS
 from ..outputs import UsageError, finish_output_dir, prepare_output_dir, write_recorded
 from ..transfo_xl_conversion import convert_transfo_xl, is_legacy_checkpoint
 from ..weights.gguf import (
@@ -126,9 +126,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--memory_pooling",
-        choices=("mean", "attention"),
-        help="recurrent_llama and recurrent_decoder: how each slot pools the window: the paper's mean, or a learned "
-        "query attending over it (default: mean).",
+        choices=MEMORY_POOLINGS,
+        help="recurrent_llama and recurrent_decoder: how each slot pools the window: the paper's mean, a learned "
+        "query attending over it, or one token kept by a learned score (select) (default: mean).",
     )
     parser.add_argument(
         "--memory_position_bias",

@@ -109,6 +109,9 @@ def flops_per_token(config: PreTrainedConfig, window_size: int, overlap: int = 0
         per_position += 2 * pooled_layers * hidden + 2 * slots * reads * attention_width
         if config.pools_by_softmax:
             per_position += 4 * slots * hidden
+        if config.selects_tokens:
+            # A token's score and its share of the softmax-weighted sum that teaches the scores.
+            per_position += 4 * hidden
         sizes = [hidden, *config.recurrence_hidden_sizes, hidden]
         network = 2 * sum(a * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
         per_window += slots * (network + reads * 2 * 2 * hidden * key_value)

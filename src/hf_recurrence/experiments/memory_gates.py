@@ -40,12 +40,13 @@ def key_recall_arms() -> dict[str, dict]:
     return {"paper": {}, "attention": dict(ATTENTION), "zero_input": dict(ZEROS)}
 
 
-def associative_arms(n_layer: int, slots: int = 4) -> dict[str, dict]:
+def associative_arms(n_layer: int, slots: int = 4, selection: bool = False) -> dict[str, dict]:
     """Name -> the memory settings of the associative-recall arms of a reader with `n_layer` layers; each zero-input
-    twin is its arm's settings with `recurrence_input="zeros"` (k=1: one twin for both pooling arms)."""
+    twin is its arm's settings with `recurrence_input="zeros"` (k=1: one twin for both pooling arms). `selection`
+    adds the selecting memory (`memory_pooling="select"`, k slots read at every layer) and its twin."""
     k_slots = {"memory_slots": slots, **ATTENTION}
     every_layer = {**k_slots, "memory_read_layers": list(range(n_layer))}
-    return {
+    arms = {
         "paper": {},
         "attention": dict(ATTENTION),
         "slots": k_slots,
@@ -54,11 +55,20 @@ def associative_arms(n_layer: int, slots: int = 4) -> dict[str, dict]:
         "slots_zero_input": {**k_slots, **ZEROS},
         "slots_every_layer_zero_input": {**every_layer, **ZEROS},
     }
+    if selection:
+        select = {**every_layer, "memory_pooling": "select"}
+        arms |= {"select_every_layer": select, "select_every_layer_zero_input": {**select, **ZEROS}}
+    return arms
 
 
 def is_control(memory: dict) -> bool:
     """A zero-input twin: its recurrence reads zeros, not the window."""
     return memory.get("recurrence_input") == "zeros"
+
+
+# The arm in place of the recurrent model: a stock GPT-2 reading a row's windows as one sequence.
+FULL_CONTEXT = "full_context"
+FULL_CONTEXT_DESCRIPTION = "none: full attention over both windows"
 
 
 def describe_memory(memory: dict, n_layer: int | None = None) -> str:
@@ -101,12 +111,22 @@ def plan_gate1(
     curve_size: int | None = None,
     arms: Sequence[str] | None = None,
     common: dict | None = None,
+    selection_arms: bool = False,
+    full_context_reference: bool = False,
+    pretraining_steps: int = 0,
+    bare_fraction: float = 0.0,
 ) -> list[dict]:
     """Every run of gate 1, in order: `{"id", "task", "window_size", "arm", "seed", "kwargs"}`, `kwargs` being
     `run_recall_experiment`'s. `common`: the keywords every run shares (batch size, learning rate, width, evaluation
     size, ...). Scored every `eval_every` steps on the first `curve_size` held-out rows (default: all). `arms` keeps
     only the arms of those names. `key_curriculum` / `associative_curriculum`: each task's `(window_size, steps)`
-    stages trained first, within its steps (`run_recall_experiment`'s `curriculum`; none by default)."""
+    stages trained first, within its steps (`run_recall_experiment`'s `curriculum`; none by default).
+
+    4-pair recall only: `selection_arms` adds the selecting memory and its twin (`associative_arms`);
+    `full_context_reference` the reference from above, arm `full_context` (a run with `"full_context": True`:
+    `run_arm` trains a stock GPT-2 reading both windows as one sequence instead); `pretraining_steps` and
+    `bare_fraction`, `run_recall_experiment`'s, train every arm on the bare task first and mix bare rows in after,
+    a backbone that binds within a window before it reads the task (none by default)."""
     common = {**(common or {}), "eval_every": eval_every, "curve_size": curve_size}
     tasks_plan = []
     if "key" in tasks:
@@ -125,7 +145,13 @@ def plan_gate1(
             "num_pairs": num_pairs,
             **_curriculum(associative_curriculum, associative_window_size),
         }
-        tasks_plan.append((settings, associative_arms(associative_layers, slots)))
+        # Absent when unused, so that a plan without them is the plan recorded before the options.
+        settings |= {"pretraining_steps": pretraining_steps} if pretraining_steps else {}
+        settings |= {"bare_fraction": bare_fraction} if bare_fraction else {}
+        task_arms = associative_arms(associative_layers, slots, selection_arms)
+        if full_context_reference:
+            task_arms[FULL_CONTEXT] = {}
+        tasks_plan.append((settings, task_arms))
     plan = []
     for settings, task_arms in tasks_plan:
         for seed in seeds:
@@ -133,16 +159,15 @@ def plan_gate1(
                 if arms is not None and arm not in arms:
                     continue
                 kwargs = {**common, **settings, "seed": seed, "memory": memory}
-                plan.append(
-                    {
-                        "id": run_id(settings["task"], settings["window_size"], arm, seed),
-                        "task": settings["task"],
-                        "window_size": settings["window_size"],
-                        "arm": arm,
-                        "seed": seed,
-                        "kwargs": kwargs,
-                    }
-                )
+                planned = {
+                    "id": run_id(settings["task"], settings["window_size"], arm, seed),
+                    "task": settings["task"],
+                    "window_size": settings["window_size"],
+                    "arm": arm,
+                    "seed": seed,
+                    "kwargs": kwargs,
+                }
+                plan.append(planned | ({FULL_CONTEXT: True} if arm == FULL_CONTEXT else {}))
     return plan
 
 
@@ -157,9 +182,7 @@ def _load_average() -> list[float] | None:
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 
-def run_arm(
-    planned: dict, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, full_context: bool = False
-) -> dict:
+def run_arm(planned: dict, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     """Train and score one planned run (`plan_gate1`); returns its record: the plan's fields, `accuracy` (own earlier
     windows, all held-out rows), `swapped_accuracy`, on associative recall `row_value_rate` (how often the answer is
     one of the row's stored values, right or not), `chance`, `curve` (`{"step", "accuracy"}` on the first
@@ -169,9 +192,10 @@ def run_arm(
     busy the machine), the settings `run_recall_experiment` recorded, the date and the load average at the start and
     the end.
 
-    `full_context=True` trains and scores, in place of the recurrent model, the reference from above: a stock GPT-2
-    reading every window of a row as one sequence (`run_recall_experiment(baseline_context="full")`; the plan's
-    memory settings are then unused)."""
+    A run with `"full_context": True` trains and scores, in place of the recurrent model, the reference from above: a
+    stock GPT-2 reading every window of a row as one sequence (`run_recall_experiment(baseline_context="full")`; the
+    plan's memory settings are then unused)."""
+    full_context = planned.get(FULL_CONTEXT, False)
     load_at_start, started, cpu_started = _load_average(), time.perf_counter(), time.process_time()
     models = {"recurrent": False, "baseline_context": "full"} if full_context else {"baseline": False}
     result = run_recall_experiment(**planned["kwargs"], **models, device=device, dtype=dtype)
@@ -257,7 +281,9 @@ def result_tables(plan: Sequence[dict], records: Sequence[dict]) -> dict[str, di
             rows.append(
                 [
                     arm,
-                    describe_memory(memory, planned["kwargs"]["n_layer"]),
+                    FULL_CONTEXT_DESCRIPTION
+                    if planned.get(FULL_CONTEXT)
+                    else describe_memory(memory, planned["kwargs"]["n_layer"]),
                     window_size,
                     *(_cell(run and run["accuracy"]) for run in runs),
                     f"**{statistics.mean(r['accuracy'] for r in finished):.3f}**" if finished else "–",
@@ -350,7 +376,7 @@ def gate1_goals(
     paper = _all_seeds(plan, done, "associative", associative_window_size, "paper")
     name = "a k-slot arm >= 0.9 on 4-pair recall on every seed, where the paper's arm <= 0.4"
     verdicts, parts = [], []
-    for arm in ("slots", "slots_every_layer"):
+    for arm in ("slots", "slots_every_layer", "select_every_layer"):
         runs = _all_seeds(plan, done, "associative", associative_window_size, arm)
         if runs is not None:
             verdicts.append((arm, all(r["accuracy"] >= 0.9 for r in runs)))

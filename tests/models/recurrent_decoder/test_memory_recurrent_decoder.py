@@ -15,7 +15,7 @@ from transformers import CompileConfig
 from hf_recurrence import RecurrentDecoderConfig, RecurrentDecoderForCausalLM
 from hf_recurrence.models.recurrent_decoder import step_recurrent_decoder
 from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder import STATE_NAME
-from hf_recurrence.models.recurrent_decoder.step_recurrent_decoder import _decoder_layers
+from hf_recurrence.models.recurrent_decoder.step_recurrent_decoder import _decoder_layers, keep_best
 
 from ...common import assert_left_padded_rows_equal_the_rows_alone, chunked_logits, greedy_loop, loss_and_gradients
 from .backbones import BY_NAME, ids
@@ -32,6 +32,7 @@ MEMORY_SETTINGS = {
         "memory_source": "last_layer",
         "memory_position_bias": True,
     },
+    "select": {"memory_slots": 3, "memory_pooling": "select", "memory_read_layers": [1, 2]},
 }
 # RoPE with grouped-query attention and query/key norms (Qwen3), eager attention with soft-caps and sliding windows
 # (Gemma 2), learned absolute positions with Conv1D (GPT-2).
@@ -46,6 +47,10 @@ ROWS = [
         ("gpt2", "every_layer"),
         ("gpt2", "attention"),
         ("llama", "slots"),
+        ("llama", "select"),
+        ("qwen3", "select"),
+        ("gemma2", "select"),
+        ("gpt2", "select"),
     )
 ]
 ROW_IDS = [f"{backbone.name}-{name}" for backbone, name in ROWS]
@@ -157,7 +162,9 @@ def test_a_saved_state_continues_the_text(backbone, name, tmp_path):
         torch.testing.assert_close(model(tokens[:, 13:], past_key_values=loaded).logits, expected)
 
 
-@pytest.mark.parametrize(("family", "name"), [("llama", "every_layer"), ("gemma2", "slots"), ("gpt2", "attention")])
+@pytest.mark.parametrize(
+    ("family", "name"), [("llama", "every_layer"), ("gemma2", "slots"), ("gpt2", "attention"), ("qwen3", "select")]
+)
 def test_the_in_place_single_token_step_generates_the_eager_tokens(family, name):
     torch._dynamo.reset()
     model = memory_model(BY_NAME[family], name, window_overlap=2)
@@ -212,6 +219,43 @@ def test_zero_queries_and_biases_start_as_the_mean(backbone):
         attention.recurrence.layer_weight_logits.copy_(mean.recurrence.layer_weight_logits)
         tokens = ids(length=30)
         torch.testing.assert_close(attention(tokens).logits, mean(tokens).logits)
+
+
+@pytest.mark.parametrize("backbone", MEMORY_BACKBONES, ids=[b.name for b in MEMORY_BACKBONES])
+def test_a_zero_selection_query_keeps_the_last_tokens_of_the_window(backbone):
+    """At its initial zero queries every token ties, so a selecting memory keeps the window's last k tokens' states,
+    each summed with its predecessor's."""
+    model, _ = backbone.models(**MEMORY_SETTINGS["select"])
+    with torch.no_grad():
+        model.recurrence.memory_selection_query.zero_()
+        out = model(ids(length=13), output_hidden_states=True)
+    state = out.past_key_values
+    k, fill = model.config.memory_slots, int(state.fill[0])  # the second window's 5 tokens
+    mix = sum(w * h for w, h in zip(model.recurrence.layer_weights(), out.hidden_states[1:], strict=True))
+    torch.testing.assert_close(state.window_summary(), mix[:, -k:] + mix[:, -k - 1 : -1])
+    assert state.pooled_weight[:, :k].tolist() == [list(map(float, range(fill - k + 1, fill + 1)))] * 2
+
+
+def test_the_kept_tokens_are_the_best_scored_of_the_whole_window_however_it_is_split():
+    """`keep_best` of the best of each part == `keep_best` of the whole, ties to the later token, empties last."""
+    generator = torch.Generator().manual_seed(0)
+    states = torch.randn(3, 10, 4, generator=generator)
+    places = torch.arange(1, 11).float().expand(3, -1).clone()
+    places[2, :6] = 0  # a row with 4 tokens only, as after left padding
+    scores = torch.randint(0, 3, (3, 10), generator=generator).float()  # many ties
+    scores[2, :6], states[2, :6] = 0, 0
+    whole = keep_best(states, places, scores, 5)
+    best = keep_best(states[:, :4], places[:, :4], scores[:, :4], 5)  # fewer candidates than slots: padded
+    for start, stop in ((4, 7), (7, 8), (8, 10)):
+        part = keep_best(states[:, start:stop], places[:, start:stop], scores[:, start:stop], 5)
+        best = keep_best(*(torch.cat(pair, 1) for pair in zip(best, part, strict=True)), 5)
+    for merged, expected in zip(best, whole, strict=True):
+        assert torch.equal(merged, expected)
+    kept = whole[1][0]
+    ranked = sorted(range(10), key=lambda i: (-float(scores[0, i]), -i))[:5]
+    assert kept.tolist() == [float(i + 1) for i in sorted(ranked)]
+    assert whole[1][2].tolist() == [0.0, 7.0, 8.0, 9.0, 10.0]
+    assert torch.equal(whole[0][2, 0], torch.zeros(4))
 
 
 def test_a_new_model_initialises_queries_and_biases_to_zero_and_slot_embeddings_at_random():
@@ -304,6 +348,8 @@ def test_attentions_have_a_column_per_slot():
         ({"memory_read_layers": []}, r"memory_read_layers=\[\]"),
         ({"memory_read_layers": [1, 1]}, r"memory_read_layers=\[1, 1\]"),
         ({"memory_slots": 9, "memory_pooling": "attention"}, "memory_slots=9 > window_size=8"),
+        ({"memory_slots": 9, "memory_pooling": "select"}, "'select' with memory_slots=9 > window_size=8"),
+        ({"memory_pooling": "select", "memory_position_bias": True}, "'select' with memory_position_bias=True"),
         # 16 positions, 8-token windows: -8 is the farthest a key may be, and slot 1 sits one before slot 0.
         ({"memory_slots": 2, "h_prev_rope_position": -8}, r"memory_slots=2 .* got h_prev_rope_position=-8"),
     ],

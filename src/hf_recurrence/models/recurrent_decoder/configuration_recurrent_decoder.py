@@ -60,7 +60,7 @@ CLASSIFIER_SETTINGS = ("id2label", "label2id", "problem_type")
 # What the recurrence reads: the window's summary (the paper), or zeros (the control: a learned constant h_prev).
 RECURRENCE_INPUTS = ("window", "zeros")
 # How a window's states are pooled into the memory slots: the paper's mean, or learned queries attending over them.
-MEMORY_POOLINGS = ("mean", "attention")
+MEMORY_POOLINGS = ("mean", "attention", "select")
 # Which states the memory pools: the paper's softmax-weighted mix of every layer, or the final (normed) layer alone.
 MEMORY_SOURCES = ("layer_mix", "last_layer")
 
@@ -300,6 +300,11 @@ class RecurrenceSettings:
         state per slot; otherwise every slot reads the one plain mean."""
         return self.memory_pooling == "attention" or self.memory_position_bias
 
+    @property
+    def selects_tokens(self) -> bool:
+        """Whether each slot holds one token of the window, chosen by a learned score (`memory_pooling="select"`)."""
+        return self.memory_pooling == "select"
+
     def check_memory_settings(self) -> None:
         """Raise `ValueError` naming the first invalid memory field (slots, pooling, source, read layers)."""
         slots = self.memory_slots
@@ -313,6 +318,16 @@ class RecurrenceSettings:
             raise ValueError(
                 f"memory_pooling='attention' with memory_slots={slots} > window_size={self.window_size}: more "
                 "queries than a window has tokens to attend to"
+            )
+        if self.selects_tokens and slots > self.window_size:
+            raise ValueError(
+                f"memory_pooling='select' with memory_slots={slots} > window_size={self.window_size}: more slots "
+                "than a window has tokens to keep"
+            )
+        if self.selects_tokens and self.memory_position_bias:
+            raise ValueError(
+                "memory_pooling='select' with memory_position_bias=True: a selecting memory scores tokens, not "
+                "slots, so it has no per-slot bias over positions; set memory_position_bias=False"
             )
         if self.memory_source not in MEMORY_SOURCES:
             raise ValueError(
@@ -429,6 +444,12 @@ class RecurrentDecoderConfig(RecurrenceSettings, PreTrainedConfig):
         memory_pooling (`str`, *optional*, defaults to `"mean"`):
             How each slot pools its window: `"mean"` (the paper) or `"attention"`, a learned query per slot attending
             over the window's states (zero at first, so a slot starts as the mean). At most `window_size` slots.
+            `"select"`: each slot holds one token's states; every token is scored against one learned query (zero at
+            first, so every score ties and the latest tokens are kept), and the k best-scoring tokens of the window
+            fill the slots in window order (equal scores: the later token). The choice itself has no gradient; the
+            scores learn straight through a softmax over all the window's tokens, whose weighted states are added to
+            every slot and subtracted again detached (zero in the forward). A learned query pools the same content
+            in every row; a selection keeps pair i of a row in a slot of its own, which binding needs (MEMORY.md).
         memory_position_bias (`bool`, *optional*, defaults to `False`):
             Add a learned bias per slot and window position to the pooling scores (zero at first), so that a slot can
             learn to read, e.g., the last tokens of its window. Sized by `window_size`.

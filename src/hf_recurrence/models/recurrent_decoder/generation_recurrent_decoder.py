@@ -40,7 +40,7 @@ from .state_recurrent_decoder import (
     _right_packing_index,
     fixed_shape_state_class,
 )
-from .step_recurrent_decoder import _StepSettings, merge_pooled
+from .step_recurrent_decoder import _StepSettings, kept_token_slots, merge_pooled
 
 
 def _renaming_the_state_arguments(generate: Callable) -> Callable:
@@ -263,6 +263,7 @@ def _decode_in_place(
         slot_valid,
         window_index > 0,
         h_prev,
+        pooled_sum,
         None,
         *buffers,
         h_prev_kv=h_prev_kv,
@@ -271,7 +272,7 @@ def _decode_in_place(
     slot_valid[torch.arange(slot.shape[0], device=slot.device), slot] = column  # in place, as the buffers' writes
     fill.add_(column.long())
     pooled = (pooled_sum, pooled_weight, pooled_reference)
-    for kept, merged in zip(pooled, merge_pooled(pooled, step.pooled), strict=True):
+    for kept, merged in zip(pooled, merge_pooled(pooled, step.pooled, kept_token_slots(model.config)), strict=True):
         kept.copy_(merged)
     if overlap_embeds.shape[1]:
         kept_embeds = torch.cat([overlap_embeds, embeds], dim=1)

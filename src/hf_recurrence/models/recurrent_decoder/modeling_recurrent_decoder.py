@@ -450,7 +450,7 @@ class RecurrentDecoderPreTrainedModel(PreTrainedModel):
             # Equal layer weights to start with: the summary is the plain mean over layers; zero queries and position
             # biases: every slot starts as the mean too.
             init.zeros_(module.layer_weight_logits)
-            for name in ("memory_queries", "memory_position_bias"):
+            for name in ("memory_queries", "memory_position_bias", "memory_selection_query"):
                 if hasattr(module, name):
                     init.zeros_(getattr(module, name))
             if hasattr(module, "slot_embeddings"):
@@ -637,6 +637,7 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         slot_valid: torch.Tensor,
         has_h_prev: torch.Tensor,
         h_prev: torch.Tensor,
+        window_pooled: torch.Tensor,
         targets: torch.Tensor | None,
         *past: torch.Tensor,
         h_prev_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
@@ -647,7 +648,8 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         embeds: (batch, cols, hidden) token embeddings (a re-read overlap prefix, then `num_new` new columns);
         real: (batch, cols) bool; fill: (batch,) tokens already in each row's window; `past` = the cached keys of
         every layer, then their values. Pure in its tensor arguments, so it can be recomputed under checkpointing.
-        `h_prev` (batch, memory_slots, hidden); `h_prev_kv`: where its key and value at the reading layers are kept
+        `h_prev` (batch, memory_slots, hidden); `window_pooled`: the state's `pooled_sum`, the window pooled before this
+        step (a selecting memory reads its last token there); `h_prev_kv`: where its key and value at the reading layers are kept
         for the window, by layer (a layer missing from it adds its own; None: computed from `h_prev` in the step).
         `write_slots` (batch,): a one-column step over fixed-shape buffers writes its keys/values into them in place,
         at these slots, and returns the buffers as its keys/values (see `_StepContext.write_slots`); that step mutates
@@ -689,7 +691,7 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
                 f"{self.config.text_config.model_type!r} backbone ran through the recurrent attention (backbone "
                 f"attn_implementation={self.backbone.config._attn_implementation!r})"
             )
-        pooled = self.recurrence.pool(hidden_states[1:], real, positions, self.config)  # the layer outputs
+        pooled = self.recurrence.pool(hidden_states[1:], real, positions, self.config, window_pooled)  # layer outputs
         attentions = None
         if settings.output_attentions:
             attentions = step_attentions(ctx, slot_valid, real, num_new, settings.window_size, slots)
@@ -816,6 +818,7 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
                 state.slot_valid,
                 state.has_h_prev,
                 state.h_prev,
+                state.pooled_sum,
                 step_targets[:, start:stop].contiguous() if step_targets is not None else None,
                 *state.keys,
                 *state.values,

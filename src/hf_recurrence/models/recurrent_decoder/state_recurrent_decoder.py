@@ -47,7 +47,7 @@ from transformers.generation import CompileConfig
 from transformers.utils import ModelOutput
 
 from .configuration_recurrent_decoder import RecurrentDecoderConfig
-from .step_recurrent_decoder import _StepSettings, merge_pooled
+from .step_recurrent_decoder import _StepSettings, kept_token_slots, merge_pooled, selected_summary
 
 
 # transformers 5.24 renamed `past_key_values` to `cache`: the forward argument, the output field and what generate()
@@ -74,7 +74,10 @@ def _gather_slots(tensor: torch.Tensor, index: torch.Tensor, dim: int) -> torch.
 
 
 def _pooled_slots(config: RecurrentDecoderConfig) -> int:
-    """How many pooled states a window's summary has: one per memory slot with softmax pooling, else the one mean."""
+    """How many pooled states a window's summary has: one per memory slot with softmax pooling, one per slot, a softmax
+    share and the last token with a selection, else the one mean."""
+    if config.selects_tokens:
+        return config.memory_slots + 2
     return config.memory_slots if config.pools_by_softmax else 1
 
 
@@ -268,8 +271,8 @@ class RecurrentDecoderState:
       window, as the layer's attention received them (rotated, normed); padding slots are marked in `slot_valid`,
     - `fill`: `(batch,)` real tokens in the current window, and `window_index`: `(batch,)` windows completed,
     - `pooled_sum`, `pooled_weight`, `pooled_reference`: `(batch, p, hidden)`, `(batch, p)`, `(batch, p)` float32,
-      the current window's states pooled so far (p = 1 for the mean, `memory_slots` with softmax pooling; see
-      `RecurrentDecoderRecurrence.pool`),
+      the current window's states pooled so far (p = 1 for the mean, `memory_slots` with softmax pooling,
+      `memory_slots + 2` with a selection; see `RecurrentDecoderRecurrence.pool`),
     - `h_prev`: `(batch, memory_slots, hidden)` the memory of the previous window that the current one sees,
     - `overlap_embeds`: `(batch, window_overlap, hidden)` token embeddings of the last `window_overlap` real tokens,
       which the next window re-reads, with `overlap_valid`: `(batch, window_overlap)`.
@@ -336,6 +339,7 @@ class RecurrentDecoderState:
         self.fill = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.window_index = torch.zeros(batch_size, dtype=torch.long, device=device)
         pooled = _pooled_slots(config)
+        self._kept_slots = kept_token_slots(config)
         self.pooled_sum = torch.zeros(batch_size, pooled, hidden, device=device, dtype=torch.float32)
         self.pooled_weight = torch.zeros(batch_size, pooled, device=device, dtype=torch.float32)
         self.pooled_reference = torch.zeros(batch_size, pooled, device=device, dtype=torch.float32)
@@ -576,7 +580,7 @@ class RecurrentDecoderState:
         if self._lockstep is not None:
             self._lockstep = (self._lockstep[0] + step_real.shape[1], self._lockstep[1])
         self.pooled_sum, self.pooled_weight, self.pooled_reference = merge_pooled(
-            (self.pooled_sum, self.pooled_weight, self.pooled_reference), pooled
+            (self.pooled_sum, self.pooled_weight, self.pooled_reference), pooled, self._kept_slots
         )
         self._remember_overlap(new_embeds, new_real)
         self.seen_tokens += new_real.shape[1]
@@ -591,7 +595,10 @@ class RecurrentDecoderState:
             self._compact()
 
     def window_summary(self) -> torch.Tensor:
-        """(batch, p, hidden) float32: each row's current window pooled, the mean (p = 1) or per slot."""
+        """(batch, p, hidden) float32: each row's current window pooled, the mean (p = 1), per slot, or the tokens
+        a selection keeps (`selected_summary`)."""
+        if self._kept_slots:
+            return selected_summary(self.pooled_sum, self.pooled_weight, self._kept_slots)
         # A weight is the count of the window's tokens (mean) or at least 1 once a token is pooled (softmax).
         return self.pooled_sum / self.pooled_weight.clamp(min=1)[..., None]
 

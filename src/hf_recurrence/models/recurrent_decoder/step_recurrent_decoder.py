@@ -461,6 +461,10 @@ class RecurrentDecoderRecurrence(nn.Module):
         if config.memory_pooling == "attention":
             # One query per slot over the window's states; zero at first, so that each slot starts as the mean.
             self.memory_queries = nn.Parameter(torch.zeros(slots, hidden))
+        if config.selects_tokens:
+            # Two queries scoring every token, over its states and its predecessor's; zero at first: all tokens tie,
+            # and the latest are kept.
+            self.memory_selection_query = nn.Parameter(torch.zeros(2, hidden))
         if config.memory_position_bias:
             # A score per slot and window position, zero at first: a slot can learn to read "the last tokens".
             self.memory_position_bias = nn.Parameter(torch.zeros(slots, config.window_size))
@@ -478,6 +482,7 @@ class RecurrentDecoderRecurrence(nn.Module):
         real: torch.Tensor,
         positions: torch.Tensor,
         config: RecurrentDecoderConfig,
+        window_pooled: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """One step's share of the window's pooled states, which the state merges over a window (`merge_pooled`) and
         `window_summary` normalises: `(total, weight, reference)`, float32 each.
@@ -486,10 +491,14 @@ class RecurrentDecoderRecurrence(nn.Module):
         over the step's real columns, weight (batch, 1) their count, reference None. With softmax pooling, per slot:
         total (batch, k, hidden) the states weighted by `exp(score - reference)`, weight (batch, k) those weights'
         sum, reference (batch, k) the step's highest score (0 in a row without real columns), so nothing overflows.
+        With a selection (`config.selects_tokens`), k + 2 entries (`_select`).
 
         layer_states: every layer's output, the last after the final norm, (batch, cols, hidden) each; real:
-        (batch, cols) bool; positions: (batch, cols) each column's position in its window.
+        (batch, cols) bool; positions: (batch, cols) each column's position in its window; window_pooled: the
+        window's merged totals before this step, (batch, p, hidden) (read by a selection only).
         """
+        if config.selects_tokens:
+            return self._select(layer_states, real, positions, config, window_pooled)
         if not config.pools_by_softmax:
             # One cast for both: a sum of ones is the exact count.
             real_weights = real.float()  # (batch, cols), 1 at the real columns
@@ -501,12 +510,46 @@ class RecurrentDecoderRecurrence(nn.Module):
             scores = scores + states @ self.memory_queries.float().T / hidden**0.5
         if config.memory_position_bias:
             scores = scores + self.memory_position_bias.float().T[positions]  # (batch, cols, k)
-        scores = scores.masked_fill(~real[:, :, None], float("-inf"))
-        # Softmax pooling does not depend on the reference, so no gradient flows through it.
-        reference = scores.detach().amax(1)  # (batch, k)
-        reference = torch.where(torch.isfinite(reference), reference, torch.zeros_like(reference))
-        weights = torch.exp(scores - reference[:, None])  # (batch, cols, k), 0 at padding
-        return weights.transpose(1, 2) @ states, weights.sum(1), reference
+        return _softmax_share(states, scores, real)
+
+    def _select(
+        self,
+        layer_states: tuple[torch.Tensor, ...],
+        real: torch.Tensor,
+        positions: torch.Tensor,
+        config: RecurrentDecoderConfig,
+        window_pooled: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`pool` for `memory_pooling="select"`. Each token's source states are summed with its predecessor's in the
+        window (a token shift: a value token then holds its key; zeros before the window's first token) and scored
+        over both by the two learned queries. k + 2 entries: the step's k best-scoring tokens (`keep_best`: total
+        their shifted states, weight their window position + 1, 0 for none, reference their score); the softmax share
+        of all its shifted tokens by the same scores (as `_softmax_share`), whose gradient teaches the scores
+        (`selected_summary`); and its last real token's own states (weight its place, 0 for none), the predecessor
+        of the next step's first token."""
+        k = config.memory_slots
+        states = self._source_states(layer_states, config)  # (batch, cols, hidden)
+        batch, cols, hidden = states.shape
+        places = torch.where(real, positions + 1, 0)  # (batch, cols)
+        # Each column's predecessor: the latest real column before it in the step, else the window's last token
+        # before the step (its entry is zero in a new window).
+        latest = torch.where(real, torch.arange(cols, device=real.device), -1).cummax(1).values  # (batch, cols)
+        before = torch.nn.functional.pad(latest, (1, 0), value=-1)[:, :-1]
+        earlier = (
+            window_pooled[:, -1:].to(states.dtype) if window_pooled is not None else states.new_zeros(batch, 1, hidden)
+        )
+        predecessors = torch.cat([earlier, states], 1).gather(1, (before + 1)[..., None].expand(-1, -1, hidden))
+        query, predecessor_query = self.memory_selection_query.float()
+        scores = (states @ query + predecessors @ predecessor_query) / hidden**0.5  # (batch, cols)
+        shifted = states + predecessors
+        # Padding keeps nothing: zero states and scores, no place, as an entry that was never filled.
+        kept = keep_best(shifted.masked_fill(~real[..., None], 0), places.float(), scores.masked_fill(~real, 0), k)
+        soft = _softmax_share(shifted, scores[..., None], real)
+        last = latest[:, -1:]  # (batch, 1), -1 where the step has no real column
+        last_states = states.gather(1, last.clamp(min=0)[..., None].expand(-1, -1, hidden)) * (last >= 0)[..., None]
+        last_place = places.gather(1, last.clamp(min=0)).float()  # 0 where no real column
+        entries = zip(kept, soft, (last_states, last_place, torch.zeros_like(last_place)), strict=True)
+        return tuple(torch.cat(entry, 1) for entry in entries)  # type: ignore[return-value]
 
     def _mean_total(
         self, layer_states: tuple[torch.Tensor, ...], real: torch.Tensor, config: RecurrentDecoderConfig
@@ -554,12 +597,80 @@ class RecurrentDecoderRecurrence(nn.Module):
         return self.ffn(window_summary.reshape(batch * slots, hidden)).view(batch, slots, hidden)
 
 
+def _softmax_share(
+    states: torch.Tensor, scores: torch.Tensor, real: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step's share of softmax pooling, per query: `(total, weight, reference)` as `RecurrentDecoderRecurrence.pool`
+    describes. states: (batch, cols, hidden); scores: (batch, cols, queries); real: (batch, cols) bool."""
+    scores = scores.masked_fill(~real[:, :, None], float("-inf"))
+    # Softmax pooling does not depend on the reference, so no gradient flows through it.
+    reference = scores.detach().amax(1)  # (batch, queries)
+    reference = torch.where(torch.isfinite(reference), reference, torch.zeros_like(reference))
+    weights = torch.exp(scores - reference[:, None])  # (batch, cols, queries), 0 at padding
+    return weights.transpose(1, 2) @ states, weights.sum(1), reference
+
+
+def keep_best(
+    states: torch.Tensor, places: torch.Tensor, scores: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The k best-scoring of a row's candidate tokens, in window order: `(states, places, scores)` of them,
+    (batch, k, hidden), (batch, k), (batch, k). A candidate's place is its window position + 1, 0 for an empty entry
+    (zero states and score), which ranks below every token; equal scores rank the later token first. The order is
+    total, so keeping the best of the best of each part gives the best of the whole: a window read in steps keeps what
+    it keeps read at once. states: (batch, candidates, hidden); places, scores: (batch, candidates) float32."""
+    missing = k - places.shape[1]
+    if missing > 0:
+        states = torch.nn.functional.pad(states, (0, 0, 0, missing))
+        places, scores = (torch.nn.functional.pad(t, (0, missing)) for t in (places, scores))
+    # Two stable sorts rank by score, then by place: latest first, then best first keeping that order among ties.
+    by_place = places.argsort(dim=1, descending=True, stable=True)
+    ranked = scores.gather(1, by_place).masked_fill(places.gather(1, by_place) == 0, float("-inf"))
+    best = by_place.gather(1, ranked.argsort(dim=1, descending=True, stable=True)[:, :k])  # (batch, k)
+    best = best.gather(1, places.gather(1, best).argsort(dim=1, stable=True))  # in window order, empty entries first
+    return (
+        states.gather(1, best[..., None].expand(-1, -1, states.shape[2])),
+        places.gather(1, best),
+        scores.gather(1, best),
+    )
+
+
+def selected_summary(pooled_sum: torch.Tensor, pooled_weight: torch.Tensor, kept_slots: int) -> torch.Tensor:
+    """(batch, k, hidden) float32: a selecting memory's window summary, its kept tokens' states, plus the softmax
+    share of all its tokens less the same detached: nothing in the forward, but every token's score gets the gradient
+    of moving the slots towards its states (the choice itself has none). pooled_sum (batch, k + 2, hidden), pooled_weight
+    (batch, k + 2) as `RecurrentDecoderRecurrence.pool` returns them merged."""
+    share = slice(kept_slots, kept_slots + 1)
+    # A weight is at least 1 once a token is pooled: the best token's own exp(0).
+    soft = pooled_sum[:, share] / pooled_weight[:, share].clamp(min=1)[..., None]  # (batch, 1, hidden)
+    return pooled_sum[:, :kept_slots] + (soft - soft.detach())
+
+
+def kept_token_slots(config: RecurrentDecoderConfig) -> int:
+    """How many of a window's pooled entries are kept tokens (`memory_pooling="select"`: the memory's slots, then one
+    softmax share and the last token read), 0 where every entry is a pooled sum."""
+    return config.memory_slots if config.selects_tokens else 0
+
+
 def merge_pooled(
     pooled: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     step: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+    kept_slots: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A window's pooled `(total, weight, reference)` so far (see `RecurrentDecoderRecurrence.pool`) with one more
-    step's: softmax pooling rescales both to the higher reference, as streaming softmax does; the mean adds up."""
+    step's: softmax pooling rescales both to the higher reference, as streaming softmax does; the mean adds up; the
+    first `kept_slots` entries of a selecting memory keep the best of both (`keep_best`)."""
+    if kept_slots:
+        k = kept_slots
+        candidates = [torch.cat([old[:, :k], new[:, :k]], 1) for old, new in zip(pooled, step, strict=True)]
+        kept = keep_best(*candidates, k)
+        soft = merge_pooled(tuple(t[:, k : k + 1] for t in pooled), tuple(t[:, k : k + 1] for t in step))
+        # The last token read: the step's, where it read one.
+        stepped = step[1][:, k + 1 :] > 0  # (batch, 1)
+        last = [
+            torch.where(stepped[..., None] if old.dim() == 3 else stepped, new[:, k + 1 :], old[:, k + 1 :])
+            for old, new in zip(pooled, step, strict=True)
+        ]
+        return tuple(torch.cat(entry, 1) for entry in zip(kept, soft, last, strict=True))  # type: ignore[return-value]
     total, weight, reference = pooled
     step_total, step_weight, step_reference = step
     if step_reference is None:
