@@ -88,6 +88,7 @@ MEMORY_SETTINGS = {
         "memory_pooling": "attention",
         "memory_read_layers": "all",
     },
+    "k=4, select, read at every layer": {"memory_slots": 4, "memory_pooling": "select", "memory_read_layers": "all"},
 }
 
 

@@ -12,7 +12,12 @@ from ..scripts import BENCHMARKS, run_script, written
 SCRIPT = BENCHMARKS / "real_size.py"
 WINDOW = 32
 PROMPT = 8
-SETTINGS = ("k=1, attention", "k=4, attention", "k=4, attention, read at every layer")
+SETTINGS = (
+    "k=1, attention",
+    "k=4, attention",
+    "k=4, attention, read at every layer",
+    "k=4, select, read at every layer",
+)
 WAYS = ("ours, default", "ours, fixed-shape state, compiled", "stock, default cache", "stock, static cache, compiled")
 
 
