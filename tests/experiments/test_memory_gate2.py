@@ -80,6 +80,7 @@ def test_arms_are_presets_json_settings_or_zero_input_twins():
     arms = parse_arms(["paper", "memory", "memory-zeros", 'k2={"memory_slots": 2}', "k2-zeros"])
     assert arms["paper"] == {} and arms["memory"]["memory_read_layers"] == "all"
     assert arms["memory-zeros"] == {**arms["memory"], "recurrence_input": "zeros"}
+    assert parse_arms(["select"])["select"] == {**arms["memory"], "memory_pooling": "select"}
     assert arms["k2-zeros"] == {"memory_slots": 2, "recurrence_input": "zeros"}
     for specs, message in [
         (["k2-zeros"], "no preset"),

@@ -42,11 +42,12 @@ from .book_reproduction import (
 from .training import RunProgress
 
 
-# Named arms: the paper's recurrence (every default), and a memory that issue 39's gate 1 may choose (k attention
-# slots read at every layer). Any other arm is given as NAME={json}.
+# Named arms: the paper's recurrence (every default), and the memories issue 39's gate 1 may choose (k attention
+# slots, or k selected tokens, read at every layer). Any other arm is given as NAME={json}.
 ARM_PRESETS = {
     "paper": {},
     "memory": {"memory_slots": 4, "memory_pooling": "attention", "memory_read_layers": "all"},
+    "select": {"memory_slots": 4, "memory_pooling": "select", "memory_read_layers": "all"},
 }
 # `NAME-zeros`: arm NAME's zero-input twin.
 ZEROS_SUFFIX = "-zeros"
