@@ -25,6 +25,8 @@ from pathlib import Path
 import _common as bench
 
 from hf_recurrence.experiments.memory_gates import (
+    FULL_CONTEXT,
+    FULL_CONTEXT_DESCRIPTION,
     describe_memory,
     gate1_goals,
     plan_gate1,
@@ -335,7 +337,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for index, planned in enumerate(plan, 1):
         if planned["id"] in runs:
             continue
-        memory = describe_memory(planned["kwargs"]["memory"], planned["kwargs"]["n_layer"])
+        memory = (
+            FULL_CONTEXT_DESCRIPTION
+            if planned.get(FULL_CONTEXT)
+            else describe_memory(planned["kwargs"]["memory"], planned["kwargs"]["n_layer"])
+        )
         print(f"[{index}/{len(plan)}] {planned['id']} ({memory}): training", flush=True)
         runs[planned["id"]] = run_arm(planned, device, dtype)
         print(progress_line(runs[planned["id"]], index, len(plan)), flush=True)

@@ -180,3 +180,32 @@ def test_after_a_curriculum_the_memory_carries_one_key_among_64_tokens(pooling, 
     assert trained["recurrent_accuracy"] >= 0.9, trained["recurrent_accuracy"]
     assert trained["swapped_accuracy"] <= chance + 0.05, trained["swapped_accuracy"]
     assert twin["recurrent_accuracy"] <= chance + 0.05, twin["recurrent_accuracy"]
+
+
+@pytest.mark.slow
+def test_on_a_backbone_that_binds_the_selecting_memory_carries_4_bound_pairs(one_thread):
+    # Memory gate 1's binding rerun on its pilot seed (docs/experiments/memory_gates.md): after 1,500 steps of the bare
+    # task and with half of every batch bare rows, 4 selected tokens read at every layer recall the value of the key
+    # asked; 4 attention slots, the same otherwise, stay at the unbound 1/4.
+    settings = {
+        "task": "associative",
+        "window_size": 32,
+        "n_layer": 4,
+        "num_keys": 16,
+        "num_values": 16,
+        "num_pairs": 4,
+        "steps": 1500,
+        "curriculum": [(8, 300)],
+        "pretraining_steps": 1500,
+        "bare_fraction": 0.5,
+        "lr": 1e-3,
+        "seed": 0,
+        "eval_size": 1024,
+        "baseline": False,
+    }
+    slots = {"memory_slots": 4, "memory_read_layers": [0, 1, 2, 3]}
+    selecting = run_recall_experiment(**settings, memory={**slots, "memory_pooling": "select"})
+    pooling = run_recall_experiment(**settings, memory={**slots, "memory_pooling": "attention"})
+    assert selecting["recurrent_accuracy"] >= 0.9, selecting["recurrent_accuracy"]
+    assert selecting["swapped_accuracy"] <= 1 / 16 + 0.03, selecting["swapped_accuracy"]
+    assert pooling["recurrent_accuracy"] <= 0.3, pooling["recurrent_accuracy"]

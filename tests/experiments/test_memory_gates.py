@@ -439,6 +439,7 @@ def test_the_script_runs_the_reference_and_the_selection_on_a_pretrained_backbon
     ]
     result = run_script(EXPERIMENTS / "memory_gate1.py", *arguments)
     assert result.returncode == 0, result.stderr[-2000:]
+    assert "full_context/seed=0 (none: full attention over both windows): training" in result.stdout
     recorded = json.loads(output.read_text())
     select, reference = recorded["values"]["runs"]
     assert select["kwargs"]["memory"]["memory_pooling"] == "select" and "full_context" not in select
