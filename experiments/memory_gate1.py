@@ -218,13 +218,30 @@ def describe_curricula(args: argparse.Namespace) -> str:
     return f"; curriculum: {'; '.join(parts)}" if parts else ""
 
 
+def describe_tasks(args: argparse.Namespace) -> str:
+    """ "key recall: T=16/64/128, 400 steps, ...; associative recall: T=32, ...": the tasks this run plans."""
+    parts = []
+    if "key" in args.tasks:
+        parts.append(
+            f"key recall: T={'/'.join(map(str, args.key_window_sizes))}, {args.key_steps} steps, {args.key_layers} "
+            f"layers, {args.num_keys} keys"
+        )
+    if "associative" in args.tasks:
+        parts.append(
+            f"associative recall: T={args.associative_window_size}, {args.associative_steps} steps, "
+            f"{args.associative_layers} layers, {args.num_pairs} pairs of {args.associative_keys} keys and "
+            f"{args.num_values} values; k-slot arms k={args.slots}"
+        )
+    return "; ".join(parts)
+
+
 def describe_pretraining(args: argparse.Namespace) -> str:
-    """ "; 4-pair recall first 1500 steps of the bare task, then half of every batch bare rows": if any."""
+    """ "; 4-pair recall: first 1500 steps of the bare task, then bare rows as 0.5 of every batch": if any."""
     parts = []
     if args.pretraining_steps:
         parts.append(f"first {args.pretraining_steps} steps of the bare task (pairs, then their questions, no filler)")
     if args.bare_fraction:
-        parts.append(f"a share of {args.bare_fraction:g} of every batch after the curriculum bare rows")
+        parts.append(f"bare rows as {args.bare_fraction:g} of every batch after the curriculum")
     return f"; 4-pair recall: {', then '.join(parts)}" if parts else ""
 
 
@@ -271,12 +288,8 @@ def save(
         settings.pop(name, None)
     text = {
         "settings": [
-            f"Shared settings: {', '.join(f'{k}={v}' for k, v in settings.items())}; key recall: "
-            f"T={'/'.join(map(str, args.key_window_sizes))}, {args.key_steps} steps, {args.key_layers} layers, "
-            f"{args.num_keys} keys; associative recall: T={args.associative_window_size}, {args.associative_steps} "
-            f"steps, {args.associative_layers} layers, {args.num_pairs} pairs of {args.associative_keys} keys and "
-            f"{args.num_values} values; k-slot arms k={args.slots}; seeds {', '.join(map(str, args.seeds))}"
-            f"{describe_curricula(args)}{describe_pretraining(args)}. "
+            f"Shared settings: {', '.join(f'{k}={v}' for k, v in settings.items())}; {describe_tasks(args)}; "
+            f"seeds {', '.join(map(str, args.seeds))}{describe_curricula(args)}{describe_pretraining(args)}. "
             f"Accuracy: the argmax at the query over all {args.eval_size} held-out rows (own and swapped earlier "
             f"windows); the curves: the first {args.curve_size} of them, every {args.eval_every} steps.",
         ],

@@ -446,4 +446,21 @@ def test_the_script_runs_the_reference_and_the_selection_on_a_pretrained_backbon
     assert reference["full_context"] is True
     assert select["settings"]["pretraining_steps"] == 2 and select["settings"]["bare_fraction"] == 0.5
     settings = recorded["text"]["settings"][0]
-    assert "4-pair recall: first 2 steps of the bare task" in settings and "a share of 0.5 of every batch" in settings
+    assert (
+        "4-pair recall: first 2 steps of the bare task" in settings and "bare rows as 0.5 of every batch" in settings
+    )
+    assert "key recall" not in settings
+    assert (
+        "NOT RUN" in recorded["text"]["goals"][0]
+        and "this run plans no key recall at T=64" in recorded["text"]["goals"][0]
+    )
+
+
+def test_a_long_curve_is_tabled_at_every_n_th_step_and_its_last():
+    plan = plan_gate1(seeds=[0], tasks=["associative"], arms=["paper"], common=TINY)
+    record = fake_records(plan, {})[0]
+    record["curve"] = [{"step": step, "accuracy": 0.1} for step in range(0, 3001, 100)]
+    headers = result_tables(plan, [record])["curves"]["headers"]
+    assert headers[4:] == [f"step {step}" for step in range(0, 3001, 300)]
+    record["curve"] = [{"step": step, "accuracy": 0.1} for step in range(0, 601, 100)]
+    assert result_tables(plan, [record])["curves"]["headers"][4:] == [f"step {step}" for step in range(0, 601, 100)]

@@ -305,7 +305,7 @@ def result_tables(plan: Sequence[dict], records: Sequence[dict]) -> dict[str, di
             ]
             align = ["", "", "right", *(["right"] * len(seeds)), "right", "right", "right", "right"]
             tables[name] = {"headers": headers, "rows": rows, "align": align}
-    steps = sorted({point["step"] for record in records for point in record["curve"]})
+    steps = _curve_columns(sorted({point["step"] for record in records for point in record["curve"]}))
     curve_rows = []
     for task, window_size, arm in _groups(plan):
         runs = _finished(plan, done, task, window_size, arm)
@@ -325,6 +325,20 @@ def result_tables(plan: Sequence[dict], records: Sequence[dict]) -> dict[str, di
     return tables
 
 
+# The most step columns the curves' table shows (the plot shows every step).
+CURVE_COLUMNS = 11
+
+
+def _curve_columns(steps: list[int]) -> list[int]:
+    """The scored steps the curves' table shows: all of them up to `CURVE_COLUMNS`, else every n-th from the first
+    and the last."""
+    if len(steps) <= CURVE_COLUMNS:
+        return steps
+    stride = -(-(len(steps) - 1) // (CURVE_COLUMNS - 1))
+    shown = steps[::stride]
+    return shown if shown[-1] == steps[-1] else [*shown, steps[-1]]
+
+
 def _all_seeds(plan: Sequence[dict], done: dict, task: str, window_size: int, arm: str) -> list[dict] | None:
     """The records of every planned seed of an arm, or None if the arm is not planned or not finished."""
     ids = [p["id"] for p in plan if (p["task"], p["window_size"], p["arm"]) == (task, window_size, arm)]
@@ -335,6 +349,13 @@ def _all_seeds(plan: Sequence[dict], done: dict, task: str, window_size: int, ar
 
 def _values(runs: Sequence[dict], key: str = "accuracy", step: int | None = None) -> str:
     return ", ".join(f"{accuracy_at(r, step) if step is not None else r[key]:.3f}" for r in runs)
+
+
+def _not_run(name: str, plan: Sequence[dict], task: str, window_size: int) -> dict:
+    """An unjudged goal: its runs are planned but not all finished, or this plan has none of them."""
+    planned = any((p["task"], p["window_size"]) == (task, window_size) for p in plan)
+    why = "its runs are not all finished" if planned else f"this run plans no {task} recall at T={window_size}"
+    return {"goal": name, "passed": None, "line": f"NOT RUN: {name} ({why})."}
 
 
 def gate1_goals(
@@ -361,7 +382,7 @@ def gate1_goals(
     paper = _all_seeds(plan, done, "key", key_window_size, "paper")
     name = f"attention >= 0.95 by step {goal_steps} at T={key_window_size} on every seed, where mean pooling <= 0.3"
     if attention is None or paper is None:
-        goals.append({"goal": name, "passed": None, "line": f"NOT RUN: {name} (its runs are not all finished)."})
+        goals.append(_not_run(name, plan, "key", key_window_size))
     else:
         reached = all(accuracy_at(r, goal_steps) >= 0.95 for r in attention)
         premise = all(accuracy_at(r, goal_steps) <= 0.3 for r in paper)
@@ -382,7 +403,7 @@ def gate1_goals(
             verdicts.append((arm, all(r["accuracy"] >= 0.9 for r in runs)))
             parts.append(f"{arm}: {_values(runs)}")
     if paper is None or not verdicts:
-        goals.append({"goal": name, "passed": None, "line": f"NOT RUN: {name} (its runs are not all finished)."})
+        goals.append(_not_run(name, plan, "associative", associative_window_size))
     else:
         premise = all(r["accuracy"] <= 0.4 for r in paper)
         winners = [arm for arm, met in verdicts if met]
