@@ -4,9 +4,9 @@ arm, scored on the validation book with own and swapped memory and against the s
 What is trained and measured, and the goals: docs/experiments/memory_gate2.md. Each arm is saved to --work-dir as it
 ends; the same command run again skips the finished arms.
 
-    python experiments/memory_gate2.py --arms paper memory memory-zeros --bf16
-    python experiments/memory_gate2.py --arms paper 'winner={"memory_slots": 4, "memory_pooling": "attention"}' \
-        winner-zeros --bf16
+    python experiments/memory_gate2.py --bf16
+    python experiments/memory_gate2.py --arms paper 'slots8={"memory_slots": 8, "memory_pooling": "select"}' \
+        slots8-zeros --bf16
 """
 
 import time

@@ -15,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from hf_recurrence.data.books import Book
 from hf_recurrence.data.fact_probe import FactProbe, FactProbeCurriculum
 from hf_recurrence.experiments import memory_gate2
-from hf_recurrence.experiments.memory_gate2 import gate2_streams, goal_lines, parse_arms
+from hf_recurrence.experiments.memory_gate2 import DEFAULT_ARMS, gate2_streams, goal_lines, parse_arms
 from hf_recurrence.experiments.training import RunProgress
 from hf_recurrence.outputs import UsageError
 
@@ -159,7 +159,7 @@ def test_the_script_runs_every_arm_end_to_end_and_a_second_run_resumes(tokenizer
     streams = (random_stream(5), random_stream(6, 2000))
     output = tmp_path / "gate2.json"
     arguments = [
-        *("--arms", "paper", "memory", "memory-zeros"),
+        *("--arms", *DEFAULT_ARMS),
         *("--max-steps", "2", "--batch-size", "2", "--window-size", str(WINDOW), "--held-out", "4"),
         *("--probe-fraction", "0.5", "--device", "cpu", "--threads", "1"),
         *("--work-dir", str(tmp_path / "work"), "--output-json", str(output)),
@@ -168,21 +168,21 @@ def test_the_script_runs_every_arm_end_to_end_and_a_second_run_resumes(tokenizer
     main(arguments, model=(llama, tokenizer), streams=streams)
     recorded = written(output, EXPERIMENTS)
     arms = recorded["values"]["arms"]
-    assert list(arms) == ["paper", "memory", "memory-zeros"]
+    assert list(arms) == ["paper", "select", "select-zeros"]
     # "all" read layers: every layer of the tiny model.
-    assert arms["memory"]["recurrence"]["memory_read_layers"] == [0, 1, 2]
+    assert arms["select"]["recurrence"]["memory_read_layers"] == [0, 1, 2]
     for arm in arms.values():
         difference = arm["swapped_minus_own"]
         assert difference["low"] <= difference["nats"] <= difference["high"] and difference["num_examples"] == 4
         assert math.isfinite(arm["own"]["name_nll"]) and 0 <= arm["own"]["recalled"] <= 1
     # The zero-input arm's memory is the same for every example: another example's reads the same.
-    assert arms["memory-zeros"]["swapped"]["name_nll"] == arms["memory-zeros"]["own"]["name_nll"]
-    assert arms["memory"]["swapped"]["name_nll"] != arms["memory"]["own"]["name_nll"]
+    assert arms["select-zeros"]["swapped"]["name_nll"] == arms["select-zeros"]["own"]["name_nll"]
+    assert arms["select"]["swapped"]["name_nll"] != arms["select"]["own"]["name_nll"]
     goals = recorded["text"]["goals"]
     assert len(goals) == 2 * 5 + 1 and all(line.split()[0] in ("PASS", "FAIL") for line in goals)
     assert [row[0] for row in recorded["tables"]["arms"]["rows"]] == ["stock, window 2 alone", *arms]
     out = capsys.readouterr().out
-    assert "training memory-zeros (3/3)" in out and "s a step after 2 steps" in out
+    assert "training select-zeros (3/3)" in out and "s a step after 2 steps" in out
     for name in arms:
         assert json.loads((tmp_path / "work" / f"{name}.json").read_text())["result"] == arms[name]
 
@@ -196,7 +196,7 @@ def test_the_script_runs_every_arm_end_to_end_and_a_second_run_resumes(tokenizer
     main(again, model=(llama, tokenizer), streams=streams)
     assert len(trained) == 1 and trained[0][0] == "zeros"
     resumed = json.loads(output.read_text())["values"]["arms"]
-    assert list(resumed) == ["paper", "memory", "memory-zeros", "paper-zeros"]
+    assert list(resumed) == ["paper", "select", "select-zeros", "paper-zeros"]
     assert all(resumed[name] == arms[name] for name in arms)
     assert "[paper] finished in an earlier run" in capsys.readouterr().out
 

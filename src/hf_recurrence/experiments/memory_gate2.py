@@ -51,7 +51,8 @@ ARM_PRESETS = {
 }
 # `NAME-zeros`: arm NAME's zero-input twin.
 ZEROS_SUFFIX = "-zeros"
-DEFAULT_ARMS = ("paper", "memory", "memory-zeros")
+# Gate 1's winner on a backbone that binds: the selecting memory (docs/experiments/memory_gates.md).
+DEFAULT_ARMS = ("paper", "select", "select-zeros")
 
 # The goals, fixed before any run (issue 39, gate 2): exact recall and swapped - own name NLL (nats per name token),
 # each with the level to reach and the level that lets gate 3 run.
