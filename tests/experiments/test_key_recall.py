@@ -10,6 +10,7 @@ import pytest
 
 from hf_recurrence.experiments import key_recall
 from hf_recurrence.experiments.key_recall import run_recall_experiment
+from hf_recurrence.experiments.memory_gates import plan_gate1, run_arm
 
 
 def test_recurrence_carries_the_key_to_the_next_window(one_thread):
@@ -187,25 +188,19 @@ def test_on_a_backbone_that_binds_the_selecting_memory_carries_4_bound_pairs(one
     # Memory gate 1's binding rerun on its pilot seed (docs/experiments/memory_gates.md): after 1,500 steps of the bare
     # task and with half of every batch bare rows, 4 selected tokens read at every layer recall the value of the key
     # asked; 4 attention slots, the same otherwise, stay at the unbound 1/4.
-    settings = {
-        "task": "associative",
-        "window_size": 32,
-        "n_layer": 4,
-        "num_keys": 16,
-        "num_values": 16,
-        "num_pairs": 4,
-        "steps": 1500,
-        "curriculum": [(8, 300)],
-        "pretraining_steps": 1500,
-        "bare_fraction": 0.5,
-        "lr": 1e-3,
-        "seed": 0,
-        "eval_size": 1024,
-        "baseline": False,
-    }
-    slots = {"memory_slots": 4, "memory_read_layers": [0, 1, 2, 3]}
-    selecting = run_recall_experiment(**settings, memory={**slots, "memory_pooling": "select"})
-    pooling = run_recall_experiment(**settings, memory={**slots, "memory_pooling": "attention"})
-    assert selecting["recurrent_accuracy"] >= 0.9, selecting["recurrent_accuracy"]
+    plan = plan_gate1(
+        seeds=[0],
+        tasks=["associative"],
+        associative_steps=1500,
+        associative_curriculum=[[8, 300]],
+        arms=["select_every_layer", "slots_every_layer"],
+        common={"lr": 1e-3, "eval_size": 1024},
+        eval_every=1500,
+        selection_arms=True,
+        pretraining_steps=1500,
+        bare_fraction=0.5,
+    )
+    pooling, selecting = (run_arm(planned) for planned in plan)
+    assert selecting["accuracy"] >= 0.9, selecting["accuracy"]
     assert selecting["swapped_accuracy"] <= 1 / 16 + 0.03, selecting["swapped_accuracy"]
-    assert pooling["recurrent_accuracy"] <= 0.3, pooling["recurrent_accuracy"]
+    assert pooling["accuracy"] <= 0.3, pooling["accuracy"]
