@@ -648,9 +648,10 @@ class RecurrentDecoderWindowModel(RecurrentDecoderPreTrainedModel):
         embeds: (batch, cols, hidden) token embeddings (a re-read overlap prefix, then `num_new` new columns);
         real: (batch, cols) bool; fill: (batch,) tokens already in each row's window; `past` = the cached keys of
         every layer, then their values. Pure in its tensor arguments, so it can be recomputed under checkpointing.
-        `h_prev` (batch, memory_slots, hidden); `window_pooled`: the state's `pooled_sum`, the window pooled before this
-        step (a selecting memory reads its last token there); `h_prev_kv`: where its key and value at the reading layers are kept
-        for the window, by layer (a layer missing from it adds its own; None: computed from `h_prev` in the step).
+        `h_prev` (batch, memory_slots, hidden); `window_pooled`: the state's `pooled_sum`, the window pooled before
+        this step (a selecting memory reads its last token there); `h_prev_kv`: where its key and value at the reading
+        layers are kept for the window, by layer (a layer missing from it adds its own; None: computed from `h_prev`
+        in the step).
         `write_slots` (batch,): a one-column step over fixed-shape buffers writes its keys/values into them in place,
         at these slots, and returns the buffers as its keys/values (see `_StepContext.write_slots`); that step mutates
         `past`, so it is not pure: the compiled single-token decode alone uses it, without gradients.

@@ -637,8 +637,8 @@ def keep_best(
 def selected_summary(pooled_sum: torch.Tensor, pooled_weight: torch.Tensor, kept_slots: int) -> torch.Tensor:
     """(batch, k, hidden) float32: a selecting memory's window summary, its kept tokens' states, plus the softmax
     share of all its tokens less the same detached: nothing in the forward, but every token's score gets the gradient
-    of moving the slots towards its states (the choice itself has none). pooled_sum (batch, k + 2, hidden), pooled_weight
-    (batch, k + 2) as `RecurrentDecoderRecurrence.pool` returns them merged."""
+    of moving the slots towards its states (the choice itself has none). pooled_sum (batch, k + 2, hidden),
+    pooled_weight (batch, k + 2) as `RecurrentDecoderRecurrence.pool` returns them merged."""
     share = slice(kept_slots, kept_slots + 1)
     # A weight is at least 1 once a token is pooled: the best token's own exp(0).
     soft = pooled_sum[:, share] / pooled_weight[:, share].clamp(min=1)[..., None]  # (batch, 1, hidden)
