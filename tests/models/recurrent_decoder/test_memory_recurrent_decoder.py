@@ -304,7 +304,8 @@ def test_a_state_file_from_before_the_slots_continues_the_text(tmp_path):
     tensors, header = state._file_contents()
     tensors = {k: v.contiguous().clone() for k, v in tensors.items() if k not in ("pooled_weight", "pooled_reference")}
     tensors["h_prev"], tensors["pooled_sum"] = tensors["h_prev"][:, 0].clone(), tensors["pooled_sum"][:, 0].clone()
-    header["model_shape"].pop("memory_slots")
+    for recorded_later in ("memory_slots", "memory_pooling"):
+        header["model_shape"].pop(recorded_later)
     header["format_version"] = 1
     save_file(tensors, tmp_path / "v1.safetensors", metadata={"hf_recurrence_state": json.dumps(header)})
     loaded = model.load_state(tmp_path / "v1.safetensors")
@@ -313,17 +314,26 @@ def test_a_state_file_from_before_the_slots_continues_the_text(tmp_path):
         torch.testing.assert_close(model(tokens[:, 13:], past_key_values=loaded).logits, expected)
 
 
-def test_a_state_of_another_slot_count_is_refused_naming_it(tmp_path):
-    model, _ = BY_NAME["llama"].models(**MEMORY_SETTINGS["slots"])
-    other, _ = BY_NAME["llama"].models()
+@pytest.mark.parametrize(
+    ("settings", "difference"),
+    [
+        (MEMORY_SETTINGS["slots"], r"memory_slots=3 \(this model: 1\)"),
+        # One slot pooled by attention keeps tensors of the mean's shapes, with another meaning.
+        ({"memory_pooling": "attention"}, r"memory_pooling='attention' \(this model: 'mean'\)"),
+    ],
+    ids=["slot_count", "pooling"],
+)
+def test_a_state_of_another_memory_is_refused_naming_it(settings, difference, tmp_path):
+    model, _ = BY_NAME["llama"].models(**settings)
+    paper, _ = BY_NAME["llama"].models()
     tokens = ids()
     with torch.no_grad():
         state = model(tokens).past_key_values
     state.save(tmp_path / "state.safetensors")
-    with pytest.raises(ValueError, match=r"memory_slots=3 \(this model: 1\)"):
-        other.load_state(tmp_path / "state.safetensors")
-    with pytest.raises(ValueError, match=r"memory_slots=3 \(this model: 1\)"):
-        other(tokens, **{STATE_NAME: state})
+    with pytest.raises(ValueError, match=difference):
+        paper.load_state(tmp_path / "state.safetensors")
+    with pytest.raises(ValueError, match=difference):
+        paper(tokens, **{STATE_NAME: state})
 
 
 def test_attentions_have_a_column_per_slot():

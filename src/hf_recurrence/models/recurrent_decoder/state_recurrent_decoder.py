@@ -351,6 +351,7 @@ class RecurrentDecoderState:
         # is then planned without reading the device. None once rows may differ.
         self._lockstep: tuple[int, int] | None = (0, 0)
         self._backbone = config.text_config.model_type
+        self._memory_pooling = config.memory_pooling
         # (h_prev, the model, h_prev's key and value at the model's reading layers so far, by layer): see
         # `h_prev_key_values`.
         self._h_prev_kv: tuple[torch.Tensor, weakref.ref, dict[int, tuple[torch.Tensor, torch.Tensor]]] | None = None
@@ -448,7 +449,7 @@ class RecurrentDecoderState:
         with the weights that produced it; that is not checked.
         """
         tensors, header = _read_state_file(path, cls._family, device)
-        _check_state_model_shape(_recorded_model_shape(header), cls._config_model_shape(config), path)
+        cls._check_recorded_model_shape(header, config, path)
         return cls._from_file_contents(config, tensors, header, path)
 
     @classmethod
@@ -479,8 +480,19 @@ class RecurrentDecoderState:
             )
         tensors, header = state._file_contents()
         source = f"the {type(state).__module__} state"
-        _check_state_model_shape(_recorded_model_shape(header), cls._config_model_shape(config), source)
+        cls._check_recorded_model_shape(header, config, source)
         return cls._from_file_contents(config, tensors, header, source)
+
+    @classmethod
+    def _check_recorded_model_shape(cls, header: dict, config: RecurrentDecoderConfig, source: object) -> None:
+        """Refuse a state whose header records another model shape than `config`'s. A header written before the
+        pooling was recorded (no `memory_pooling`) is checked by its pooled tensors' shapes (`_from_file_contents`),
+        which tell every pooling apart but one slot's mean from one attention slot."""
+        expected = cls._config_model_shape(config)
+        recorded = _recorded_model_shape(header)
+        if isinstance(recorded, dict):
+            recorded = {"memory_pooling": expected["memory_pooling"], **recorded}
+        _check_state_model_shape(recorded, expected, source)
 
     def next_step(self, real: torch.Tensor) -> tuple[torch.Tensor | None, int, int]:
         """Plan the next step over the input columns still to read, `real` ((batch, remaining) bool, True at real
@@ -647,7 +659,8 @@ class RecurrentDecoderState:
         """The backbone and sizes of a model that a state belongs to, as a saved state records them (a named
         family's states, saved before the core, do not record their one backbone)."""
         backbone = {"backbone": config.text_config.model_type} if cls._family == RecurrentDecoderState._family else {}
-        return {**backbone, **_cache_geometry(config.text_config), "memory_slots": config.memory_slots}
+        memory = {"memory_slots": config.memory_slots, "memory_pooling": config.memory_pooling}
+        return {**backbone, **_cache_geometry(config.text_config), **memory}
 
     def _file_contents(self) -> tuple[dict[str, torch.Tensor], dict]:
         """Every tensor by name and the header that lets `_from_file_contents` rebuild the state."""
@@ -665,7 +678,8 @@ class RecurrentDecoderState:
         return tensors, header
 
     def _model_shape(self) -> dict:
-        """The backbone and sizes of the model this state's tensors come from, as `_config_model_shape` gives them."""
+        """The backbone, sizes and memory of the model this state's tensors come from, as `_config_model_shape`
+        gives them."""
         key = self.keys[0]  # (batch, kv_heads, slots, head_dim)
         return {
             "backbone": self._backbone,
@@ -674,6 +688,8 @@ class RecurrentDecoderState:
             "head_dim": key.shape[3],
             "hidden_size": self.h_prev.shape[2],
             "memory_slots": self.h_prev.shape[1],
+            # The pooled tensors' meaning: a state pooled one way cannot continue a window pooled another.
+            "memory_pooling": self._memory_pooling,
         }
 
     @classmethod

@@ -401,7 +401,7 @@ class TransformerXLState:
         with the weights that produced it; that is not checked.
         """
         tensors, header = _read_state_file(path, cls._family, device)
-        _check_state_model_shape(_recorded_model_shape(header), cls._config_model_shape(config), path)
+        cls._check_recorded_model_shape(header, config, path)
         return cls._from_file_contents(config, tensors, header, path)
 
     def _file_contents(self) -> tuple[dict[str, torch.Tensor], dict]:
@@ -499,8 +499,13 @@ class TransformerXLState:
             )
         tensors, header = state._file_contents()
         source = f"the {type(state).__module__} state"
-        _check_state_model_shape(_recorded_model_shape(header), cls._config_model_shape(config), source)
+        cls._check_recorded_model_shape(header, config, source)
         return cls._from_file_contents(config, tensors, header, source)
+
+    @classmethod
+    def _check_recorded_model_shape(cls, header: dict, config: TransformerXLConfig, source: object) -> None:
+        """Refuse a state whose header records another model shape than `config`'s."""
+        _check_state_model_shape(_recorded_model_shape(header), cls._config_model_shape(config), source)
 
     def __repr__(self) -> str:
         return (
