@@ -17,6 +17,7 @@ import _common as bench
 from hf_recurrence.cli import main as cli_main
 from hf_recurrence.commands.reproduce import BOOK_PRESETS
 from hf_recurrence.experiments.book_reproduction import describe, goals
+from hf_recurrence.experiments.memory_gate3 import gate3_goals
 from hf_recurrence.experiments.reproduction import findings
 
 
@@ -50,6 +51,9 @@ def main() -> None:
         ],
         "intervals": [f"- {describe(c)}" for c in comparisons.values()],
         "goals": [f"- {line}" for line in checked],
+        # Issue 39's gate 3 (a run with --memory): its goals, and the words the previous window read, met again.
+        "memory_goals": [f"- {line}" for line in gate3_goals(report)],
+        "carried_tokens": [carried_tokens_line(report["carried_tokens"])],
     }
     tables = {
         "perplexity": bench.perplexity_table(report["rows"]),
@@ -57,6 +61,17 @@ def main() -> None:
     }
     rendered = args.results_dir is not None
     bench.write_results(args, machine, tables, report, text, rendered_from_results_dir=rendered)
+
+
+def carried_tokens_line(carried: dict) -> str:
+    """How many tokens were carried (a word the previous window read, met before the current window reads it), and
+    every read's mean NLL on them."""
+    means = ", ".join(f"{arm} {nll:.3f}" for arm, nll in carried["nll"].items())
+    return (
+        f"{carried['tokens']:,} carried tokens ({carried['share']:.1%} of the predicted tokens)"
+        + (f"; mean NLL on them: {means}" if means else "")
+        + "."
+    )
 
 
 def docs_images(output_json: Path) -> dict[str, Path]:

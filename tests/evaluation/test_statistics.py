@@ -122,6 +122,12 @@ def test_segment_sums_cut_documents_into_pieces():
     assert sums.tolist() == [10.0, 2.0] and counts.tolist() == [5.0, 2.0]
     with pytest.raises(ValueError, match="segment_tokens=0"):
         segment_sums(token_nll, 0)
+    # A mask counts only the tokens it marks, the segments still cut by position; a segment it leaves empty is dropped.
+    masks = [torch.tensor([True, False, False, False, True]), torch.tensor([False, False])]
+    sums, counts = segment_sums(token_nll, 2, masks)
+    assert sums.tolist() == [0.0, 4.0] and counts.tolist() == [1.0, 1.0]
+    with pytest.raises(ValueError, match=r"masks\[1\] has shape \(3,\), the document's nll \(2,\)"):
+        segment_sums(token_nll, 2, [masks[0], torch.ones(3, dtype=torch.bool)])
 
 
 def synthetic_arms(delta: float, num_segments: int = 200, seed: int = 1):

@@ -18,7 +18,8 @@ from hf_recurrence.cli import main
 from hf_recurrence.commands.reproduce import BOOK_PRESETS
 from hf_recurrence.data import WindowedBlocksCollator
 from hf_recurrence.data import books as books_module
-from hf_recurrence.evaluation import WindowPrefixed, flops_per_token, windowed_perplexity
+from hf_recurrence.evaluation import TokenNLL, WindowPrefixed, flops_per_token, windowed_perplexity
+from hf_recurrence.evaluation.carried import TokenWords, carried_token_mask, token_words
 from hf_recurrence.experiments import book_reproduction
 from hf_recurrence.experiments.book_reproduction import BookReproductionSettings
 from hf_recurrence.outputs import UsageError
@@ -121,8 +122,10 @@ def tiny_gemma3_folder(tmp_path_factory):
 
 def test_gemma3_preset_runs_every_arm_on_a_gemma3_text_model(books_available, tiny_gemma3_folder, tmp_path):
     out = tmp_path / "run"
+    # With a memory (gate 3's arms): the selecting memory's 4 slots, read at every layer.
     status = main(["reproduce", "--preset", "gemma3", "--model_name_or_path", str(tiny_gemma3_folder),
-                   "--output_dir", str(out), *TINY_RUN, "--overlap_fractions", "0", "--max_steps", "2"])  # fmt: skip
+                   "--output_dir", str(out), *TINY_RUN, "--overlap_fractions", "0", "--max_steps", "2",
+                   "--memory", "select"])  # fmt: skip
     assert status == 0
     results = json.loads((out / "results.json").read_text())
     assert [row["model"] for row in results["rows"]] == [
@@ -136,18 +139,24 @@ def test_gemma3_preset_runs_every_arm_on_a_gemma3_text_model(books_available, ti
     assert (out / "perplexity_vs_flops.png").stat().st_size > 0
     recurrent = load_file(out / "recurrence_recurrent.safetensors")
     assert not torch.equal(recurrent["layer_weight_logits"], torch.zeros(3))
+    assert recurrent["memory_selection_query"].shape == (2, 32)
 
     # The finished run recorded as docs/experiments/long_books.md records one: its command names the preset that ran.
     recorded = tmp_path / "reproduce_gemma3_tiny.json"
     render = subprocess.run([sys.executable, str(EXPERIMENTS / "reproduce_books.py"), "--preset", "gemma3",
-                             "--results-dir", str(out), "--output-json", str(recorded), "--", "--max_steps", "2"],
+                             "--results-dir", str(out), "--output-json", str(recorded), "--", "--max_steps", "2",
+                             "--memory", "select"],
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert render.returncode == 0, render.stderr[-2000:]
     result = json.loads(recorded.read_text())
-    assert result["text"]["run"][0].startswith("`hf-recurrence reproduce --preset gemma3 --max_steps 2` — ")
+    assert result["text"]["run"][0].startswith(
+        "`hf-recurrence reproduce --preset gemma3 --max_steps 2 --memory select` — "
+    )
     assert result["settings"]["preset"] == "gemma3"
     assert [row[0] for row in result["tables"]["perplexity"]["rows"]][:1] == ["baseline"]
     assert result["text"]["goals"][0].startswith("- goal carried context")
+    assert result["text"]["memory_goals"][-1].startswith("- NOT RUN the recurrent arm at overlap 0")
+    assert result["text"]["carried_tokens"][0].endswith("of the predicted tokens).")  # none in 30-token passages
 
 
 def test_a_family_beyond_llama_runs_with_its_flops_count(books_available, tmp_path):
@@ -184,6 +193,7 @@ def test_a_family_beyond_llama_runs_with_its_flops_count(books_available, tmp_pa
         (["--recurrence_init", "xavier"], "recurrence_init='xavier'"),
         (["--backbone_learning_rate", "0"], "backbone_learning_rate=0"),
         (["--window_start", "bos"], "window_start='bos'"),
+        (["--memory", "mean"], "memory must be one of ['attention', 'select'] or a JSON object, got memory='mean'"),
     ],
 )
 def test_bad_options_are_refused_before_any_work(options, message, tmp_path, capsys):
@@ -538,6 +548,36 @@ def test_specificity_goal_is_met_only_for_a_carried_context_gain(carried, lost_f
     lines = book_reproduction.goals({"recurrent vs control": carried}, lost_fraction)
     (specificity,) = [line for line in lines if line.startswith("goal specificity")]
     assert specificity.split(": ", 1)[1].startswith(verdict)
+
+
+def _one_word_tokens(pieces: list[str]) -> TokenWords:
+    ends = torch.tensor([len(piece) for piece in pieces]).cumsum(0).tolist()
+    return token_words("".join(pieces), list(zip([0, *ends[:-1]], ends, strict=True)))
+
+
+def test_carried_tokens_compare_the_recurrent_arm_and_the_control_on_the_words_the_memory_can_carry():
+    # Documents of 4 windows of the same 4 words: each window but the first meets 3 words the one before read (its
+    # first token is predicted by the window before, which read it).
+    words = _one_word_tokens([" rain", " wind", " sea", " sky"] * 4)
+    positions = torch.arange(15) % 4
+    carried = carried_token_mask(words, positions)
+    assert carried.nonzero().flatten().tolist() == [4, 5, 6, 8, 9, 10, 12, 13, 14]
+    control = torch.full((15,), 2.0)
+    recurrent = torch.where(carried, 1.5, 2.0)  # better on the carried tokens only
+
+    def reads(nll):
+        return [TokenNLL(nll, positions), TokenNLL(nll, positions)]
+
+    token_nll = {"recurrent@0": reads(recurrent), "control@0": reads(control), "baseline@1": reads(control)}
+    settings = BookReproductionSettings(segment_tokens=4, num_resamples=50)
+    summary, comparison = book_reproduction.carried_tokens(token_nll, [words, words], settings)
+    assert summary == {"tokens": 18, "share": 18 / 30, "nll": {"recurrent": 1.5, "control": 2.0}}
+    assert comparison["relative_difference"] == pytest.approx(math.exp(-0.5) - 1)
+    assert comparison["num_segments"] == 6  # each document's first 4 positions carry nothing
+    # A document's first window alone carries nothing: no comparison.
+    first = {key: [TokenNLL(read[0].nll[:3], positions[:3])] for key, read in token_nll.items()}
+    summary, comparison = book_reproduction.carried_tokens(first, [_one_word_tokens([" rain"] * 4)], settings)
+    assert summary == {"tokens": 0, "share": 0.0, "nll": {}} and comparison is None
 
 
 def _trained_looking_recurrent_arm(window_size: int) -> PreTrainedModel:

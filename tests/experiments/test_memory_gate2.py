@@ -77,10 +77,10 @@ def test_held_out_examples_come_from_the_validation_book_and_share_no_text_with_
 
 
 def test_arms_are_presets_json_settings_or_zero_input_twins():
-    arms = parse_arms(["paper", "memory", "memory-zeros", 'k2={"memory_slots": 2}', "k2-zeros"])
-    assert arms["paper"] == {} and arms["memory"]["memory_read_layers"] == "all"
-    assert arms["memory-zeros"] == {**arms["memory"], "recurrence_input": "zeros"}
-    assert parse_arms(["select"])["select"] == {**arms["memory"], "memory_pooling": "select"}
+    arms = parse_arms(["paper", "attention", "attention-zeros", 'k2={"memory_slots": 2}', "k2-zeros"])
+    assert arms["paper"] == {} and arms["attention"]["memory_read_layers"] == "all"
+    assert arms["attention-zeros"] == {**arms["attention"], "recurrence_input": "zeros"}
+    assert parse_arms(["select"])["select"] == {**arms["attention"], "memory_pooling": "select"}
     assert arms["k2-zeros"] == {"memory_slots": 2, "recurrence_input": "zeros"}
     for specs, message in [
         (["k2-zeros"], "no preset"),

@@ -45,23 +45,34 @@ class PairedBootstrap:
 
 
 def segment_sums(
-    token_nll: Sequence[TokenNLL], segment_tokens: int | None = None
+    token_nll: Sequence[TokenNLL], segment_tokens: int | None = None, masks: Sequence[torch.Tensor] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed NLL and token count per segment: each document cut into consecutive pieces of `segment_tokens`
-    predicted tokens (its last piece shorter), or kept whole with `segment_tokens=None`.
+    predicted tokens (its last piece shorter), or kept whole with `segment_tokens=None`. `masks`: per document, a bool
+    tensor like its `nll`: only the tokens it marks are counted, the segments still cut by position, and a segment
+    without any left out.
 
     Returns two (segments,) float64 tensors, NLL sums and token counts, segments in document order. Cut two arms'
-    results on the same tokens the same way to pair them.
+    results on the same tokens the same way (with the same masks) to pair them.
     """
     if segment_tokens is not None and (
         isinstance(segment_tokens, bool) or not isinstance(segment_tokens, int) or segment_tokens < 1
     ):
         raise ValueError(f"segment_tokens must be a positive integer or None, got segment_tokens={segment_tokens!r}")
+    if masks is not None and len(masks) != len(token_nll):
+        raise ValueError(f"masks must give one mask per document ({len(token_nll)}), got {len(masks)}")
     sums, counts = [], []
-    for document in token_nll:
-        for piece in document.nll.split(segment_tokens or max(len(document.nll), 1)):
-            sums.append(piece.double().sum())
-            counts.append(len(piece))
+    for i, document in enumerate(token_nll):
+        keep = torch.ones_like(document.nll, dtype=torch.bool) if masks is None else masks[i]
+        if keep.shape != document.nll.shape:
+            raise ValueError(
+                f"masks[{i}] has shape {tuple(keep.shape)}, the document's nll {tuple(document.nll.shape)}"
+            )
+        size = segment_tokens or max(len(document.nll), 1)
+        for piece, kept in zip(document.nll.split(size), keep.split(size), strict=True):
+            if masks is None or kept.any():
+                sums.append(piece.double()[kept].sum())
+                counts.append(int(kept.sum()))
     return torch.stack(sums), torch.tensor(counts, dtype=torch.float64)
 
 
@@ -138,12 +149,19 @@ class BootstrapSettings(Protocol):
     seed: int
 
 
-def compare(token_nll: Mapping[str, Sequence[TokenNLL]], a: str, b: str, settings: BootstrapSettings) -> dict:
+def compare(
+    token_nll: Mapping[str, Sequence[TokenNLL]],
+    a: str,
+    b: str,
+    settings: BootstrapSettings,
+    masks: Sequence[torch.Tensor] | None = None,
+) -> dict:
     """Paired bootstrap of arm `b` against arm `a` (keys of `token_nll`: each arm's `windowed_perplexity(...,
     return_token_nll=True).token_nll` on the same documents) over the same segments of `settings.segment_tokens`
-    predicted tokens: `{"a": a, "b": b, **PairedBootstrap.to_dict()}`."""
-    nll_a, tokens_a = segment_sums(token_nll[a], settings.segment_tokens)
-    nll_b, tokens_b = segment_sums(token_nll[b], settings.segment_tokens)
+    predicted tokens, counting only the tokens `masks` marks if given (`segment_sums`): `{"a": a, "b": b,
+    **PairedBootstrap.to_dict()}`."""
+    nll_a, tokens_a = segment_sums(token_nll[a], settings.segment_tokens, masks)
+    nll_b, tokens_b = segment_sums(token_nll[b], settings.segment_tokens, masks)
     result = paired_bootstrap(
         nll_a, tokens_a, nll_b, tokens_b, num_resamples=settings.num_resamples, seed=settings.seed
     ).to_dict()

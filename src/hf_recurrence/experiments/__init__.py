@@ -7,6 +7,7 @@ pretrain` run, and the experiments the scripts in the repository's `experiments/
 - `memory_gates`: which memory settings carry a key, or several bound facts, across windows (issue 39's gate 1);
 - `memory_gate2`: the memory's gate 2, the planted-name probe as a training task on a pretrained decoder with LoRA
   (the task is `hf_recurrence.data.fact_probe`);
+- `memory_gate3`: the memory's gate 3, the goals of a book run whose trained arms carry a memory (`--memory`);
 - `pretraining`: the embedded default GPT-2 that `reproduction` starts from;
 - `training`: the short stock-`Trainer` runs all of them share.
 

@@ -61,10 +61,11 @@ from ..evaluation import (
     windowed_perplexity,
     write_report,
 )
+from ..evaluation.carried import TokenWords, carried_token_mask, token_words
 from ..evaluation.flops import has_flops_count
 from ..evaluation.perplexity import RECURRENT_CHUNK_TOKENS
 from ..evaluation.report import plot_nll_by_window_position
-from ..evaluation.statistics import compare, describe, nll_by_window_position
+from ..evaluation.statistics import compare, describe, nll_by_window_position, segment_sums
 from ..models import RecurrentDecoderForCausalLM
 from ..outputs import UsageError, prepare_output_dir, write_atomically
 from ..weights import (
@@ -105,6 +106,14 @@ RECURRENCE_INITS = ("model", "fan_in")
 # The installed pretrained models `model_name_or_path` may name instead of a path: name -> their GGUF file's path
 # (assembled or located on first use; an ImportError/FileNotFoundError with the pip command when not installed).
 NAMED_MODELS = {"smollm2-135m": smollm2_gguf_path, "gemma3-270m": gemma3_270m_gguf_path}
+
+# Memories beyond the paper's one mean-pooled slot (issue 39) that `memory` may name: k attention slots, or k selected
+# tokens, read at every layer (`memory_read_layers="all"`, resolved against the model by `recurrent_arm`). Any other
+# memory is given as a JSON object of `RecurrentDecoderConfig` fields.
+MEMORY_PRESETS = {
+    "attention": {"memory_slots": 4, "memory_pooling": "attention", "memory_read_layers": "all"},
+    "select": {"memory_slots": 4, "memory_pooling": "select", "memory_read_layers": "all"},
+}
 
 # Positions predicted fewer times than this are left out of the NLL-by-position means (overlap > 0 re-reads them).
 # The validation book's 12,000 tokens predict each position of a 128-token window 93 times.
@@ -190,6 +199,14 @@ class BookReproductionSettings:
             "N(0, gain^2 / fan_in), biases 0: each layer keeps its input's scale)."
         },
     )
+    memory: str | None = field(
+        default=None,
+        metadata={
+            "help": f"The trained arms' memory: {' or '.join(MEMORY_PRESETS)} (4 slots read at every layer), or a "
+            'JSON object of memory settings, e.g. \'{"memory_slots": 2, "memory_pooling": "attention"}\' (None: the '
+            "paper's one mean-pooled slot)."
+        },
+    )
     warmup_steps: int = field(default=10, metadata={"help": "Warm-up steps."})
     insertion_layer: int = field(default=2, metadata={"help": "Layer that receives h_prev."})
     normalize_pooled_states: bool = field(
@@ -237,6 +254,7 @@ class BookReproductionSettings:
                 raise UsageError(f"{name} must be one of {choices}, got {name}={getattr(self, name)!r}")
         if self.window_size < 2:
             raise UsageError(f"window_size must be at least 2, got window_size={self.window_size}")
+        memory_settings(self.memory)  # a bad spec refused before anything loads
         for name in ("learning_rate", "backbone_learning_rate"):
             if not getattr(self, name) > 0:
                 raise UsageError(f"{name} must be positive, got {name}={getattr(self, name)!r}")
@@ -271,7 +289,31 @@ class BookReproductionSettings:
             "window_overlap": 0,
             "insertion_layer": self.insertion_layer,
             "normalize_pooled_states": self.normalize_pooled_states,
+            **memory_settings(self.memory),
         }
+
+
+def memory_settings(memory: str | None) -> dict:
+    """The `RecurrentDecoderConfig` memory fields `memory` names: {} for None (the paper's), a preset
+    (`MEMORY_PRESETS`) or a JSON object; `UsageError` names anything else."""
+    if memory is None:
+        return {}
+    if memory in MEMORY_PRESETS:
+        return dict(MEMORY_PRESETS[memory])
+    try:
+        settings = json.loads(memory)
+    except json.JSONDecodeError:
+        settings = None
+    if not isinstance(settings, dict):
+        raise UsageError(f"memory must be one of {sorted(MEMORY_PRESETS)} or a JSON object, got memory={memory!r}")
+    return settings
+
+
+def with_read_layers_resolved(settings: dict, num_layers: int) -> dict:
+    """`settings` with `memory_read_layers="all"` given as every layer's index (0 .. `num_layers` - 1)."""
+    if settings.get("memory_read_layers") == "all":
+        return {**settings, "memory_read_layers": list(range(num_layers))}
+    return dict(settings)
 
 
 def load_causal_lm(model_name_or_path: str | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
@@ -288,8 +330,10 @@ def load_causal_lm(model_name_or_path: str | None) -> tuple[PreTrainedModel, Pre
 
 def recurrent_arm(stock: PreTrainedModel, **recurrence_settings) -> RecurrentDecoderForCausalLM:
     """The recurrence core over a copy of `stock`'s weights: every trained arm, whatever the family (a Llama too, so
-    that SmolLM2 and Gemma runs differ in nothing but the model)."""
-    return recurrent_decoder_from_causal_lm(stock, **recurrence_settings)
+    that SmolLM2 and Gemma runs differ in nothing but the model). `memory_read_layers="all"` names every layer."""
+    return recurrent_decoder_from_causal_lm(
+        stock, **with_read_layers_resolved(recurrence_settings, num_decoder_layers(stock))
+    )
 
 
 def held_out_documents(
@@ -299,10 +343,20 @@ def held_out_documents(
     prefix cut into `eval_passages_per_book` consecutive passages, ordered passage by passage (the first passage of
     every book, then the second ...), so that a document's neighbour row comes from another book where the split
     has several."""
-    passages, read = [], []
+    documents, _, read = held_out_documents_and_words(settings, tokenizer)
+    return documents, read
+
+
+def held_out_documents_and_words(
+    settings: BookReproductionSettings, tokenizer: PreTrainedTokenizerBase
+) -> tuple[list[torch.Tensor], list[TokenWords], list[dict]]:
+    """`held_out_documents`, with the word each document's tokens overlap (`token_words`, for the carried tokens)."""
+    passages, words, read = [], [], []
     for book in austen_split(settings.eval_split):
-        ids = tokenizer(book.text, add_special_tokens=False)["input_ids"]
-        prefix = torch.tensor(ids[: settings.eval_tokens_per_book] if settings.eval_tokens_per_book else ids)
+        encoding = tokenizer(book.text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = encoding["input_ids"]
+        end = settings.eval_tokens_per_book or len(ids)
+        prefix = torch.tensor(ids[:end])
         if len(prefix) < settings.eval_passages_per_book * (settings.window_size + 1):
             raise UsageError(
                 f"{book.title}: {len(prefix):,} tokens read cannot make eval_passages_per_book="
@@ -310,6 +364,7 @@ def held_out_documents(
                 f"{settings.window_size}) each"
             )
         passages.append(prefix.tensor_split(settings.eval_passages_per_book))
+        words.append(token_words(book.text, encoding["offset_mapping"][:end]).split(settings.eval_passages_per_book))
         read.append(
             {
                 "title": book.title,
@@ -319,7 +374,8 @@ def held_out_documents(
                 "passages": settings.eval_passages_per_book,
             }
         )
-    return [book_passages[i] for i in range(settings.eval_passages_per_book) for book_passages in passages], read
+    order = [(book, i) for i in range(settings.eval_passages_per_book) for book in range(len(passages))]
+    return [passages[b][i] for b, i in order], [words[b][i] for b, i in order], read
 
 
 def decoder_linear_layers(model: PreTrainedModel) -> list[str]:
@@ -688,6 +744,7 @@ class BookRun:
     source: str
     starts: list[int]
     documents: list[torch.Tensor]
+    words: list[TokenWords]
     stream: list[int]
     start: float = field(default_factory=time.perf_counter)
     rows: list[dict] = field(default_factory=list)
@@ -749,13 +806,15 @@ def prepare_book_run(settings: BookReproductionSettings, output_dir: Path, overw
     except (ImportError, FileNotFoundError) as error:
         raise UsageError(str(error)) from None
     stock, tokenizer, source = model["stock"], model["tokenizer"], model["source"]
-    documents, read = held_out_documents(settings, tokenizer)
+    documents, words, read = held_out_documents_and_words(settings, tokenizer)
     stream = token_stream([book.text for book in train_books], tokenizer)
     prepare_output_dir(output_dir, BOOK_REPORT_FILES, writer="hf-recurrence reproduce", overwrite=overwrite)
     write_austen_split_manifest(output_dir / "split.json")
     stock.requires_grad_(False)
     stock.to(device)
-    run = BookRun(settings=settings, output_dir=output_dir, documents=documents, stream=stream, start=start, **model)
+    run = BookRun(
+        settings=settings, output_dir=output_dir, documents=documents, words=words, stream=stream, start=start, **model
+    )
     run.extra.update(held_out=read, train_tokens_per_arm=run.train_tokens, device=device)
     block_tokens = settings.windows_per_block * settings.window_size
     print(
@@ -869,12 +928,37 @@ def book_comparisons(token_nll: dict, settings: BookReproductionSettings) -> tup
     return comparisons, lost_fraction
 
 
+def carried_tokens(
+    token_nll: dict, words: list[TokenWords], settings: BookReproductionSettings
+) -> tuple[dict, dict | None]:
+    """The carried tokens of the reads at overlap 0 (`carried_token_mask`: words the previous window read, met again
+    before the current window reads them): how many, every such read's mean NLL on them, and the recurrent arm
+    against the control on them (None with fewer than two segments holding any, too few for an interval)."""
+    masks = [
+        carried_token_mask(document_words, document.window_position)
+        for document_words, document in zip(words, token_nll["recurrent@0"], strict=True)
+    ]
+    count, predicted = sum(int(mask.sum()) for mask in masks), sum(len(mask) for mask in masks)
+    nll = {
+        key.removesuffix("@0"): float(torch.cat([d.nll[m] for d, m in zip(value, masks, strict=True)]).mean())
+        for key, value in token_nll.items()
+        if key.endswith("@0") and count
+    }
+    segments = len(segment_sums(token_nll["recurrent@0"], settings.segment_tokens, masks)[0]) if count else 0
+    comparison = compare(token_nll, "control@0", "recurrent@0", settings, masks) if segments >= 2 else None
+    return {"tokens": count, "share": count / predicted, "nll": nll}, comparison
+
+
 def finish_book_run(run: BookRun) -> dict:
     """Compare the arms, write the final report, results.json's extra fields and both plots; print the summary."""
     settings, output_dir = run.settings, run.output_dir
     comparisons, lost_fraction = book_comparisons(run.token_nll, settings)
     if lost_fraction is not None:
         run.extra["carried_gain_lost_when_shuffled"] = lost_fraction
+    carried, carried_comparison = carried_tokens(run.token_nll, run.words, settings)
+    run.extra["carried_tokens"] = carried
+    if carried_comparison is not None:
+        comparisons["recurrent vs control, carried tokens"] = carried_comparison
     by_position = {
         # NaN (a position too rarely predicted) as null: JSON has no NaN
         key: [

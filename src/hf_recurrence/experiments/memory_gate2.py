@@ -33,22 +33,20 @@ from ..evaluation.statistics import paired_bootstrap
 from ..models.recurrent_decoder import RecurrentDecoderConfig
 from ..outputs import UsageError, write_atomically
 from .book_reproduction import (
+    MEMORY_PRESETS,
     BookReproductionSettings,
     h_prev_from_another_row,
     load_causal_lm,
     num_decoder_layers,
     train_arm,
+    with_read_layers_resolved,
 )
 from .training import RunProgress
 
 
 # Named arms: the paper's recurrence (every default), and the memories issue 39's gate 1 may choose (k attention
 # slots, or k selected tokens, read at every layer). Any other arm is given as NAME={json}.
-ARM_PRESETS = {
-    "paper": {},
-    "memory": {"memory_slots": 4, "memory_pooling": "attention", "memory_read_layers": "all"},
-    "select": {"memory_slots": 4, "memory_pooling": "select", "memory_read_layers": "all"},
-}
+ARM_PRESETS = {"paper": {}, **MEMORY_PRESETS}
 # `NAME-zeros`: arm NAME's zero-input twin.
 ZEROS_SUFFIX = "-zeros"
 # Gate 1's winner on a backbone that binds: the selecting memory (docs/experiments/memory_gates.md).
@@ -105,13 +103,6 @@ def parse_arms(specs: Sequence[str]) -> dict[str, dict]:
     if not arms:
         raise UsageError("give at least one arm")
     return arms
-
-
-def resolved(arm: dict, num_layers: int) -> dict:
-    """The arm's settings as `RecurrentDecoderConfig` fields: `memory_read_layers="all"` as every layer's index."""
-    if arm.get("memory_read_layers") == "all":
-        return {**arm, "memory_read_layers": list(range(num_layers))}
-    return dict(arm)
 
 
 def is_zero_input(arm: dict) -> bool:
@@ -191,6 +182,8 @@ def run_gate2(
         raise UsageError(f"gate 2 is scored on the validation book, got eval_split={settings.eval_split!r}")
     if settings.window_start != "bare":
         raise UsageError(f"the name probe reads bare windows, got window_start={settings.window_start!r}")
+    if settings.memory is not None:
+        raise UsageError(f"gate 2's arms carry their own memory settings, got memory={settings.memory!r}")
     if held_out < 2 or held_out % settings.batch_size == 1:
         raise UsageError(
             f"held_out={held_out} would leave an example alone in its batch of {settings.batch_size}, where the swap "
@@ -205,7 +198,7 @@ def run_gate2(
     else:
         (stock, tokenizer), source = model, type(model[0]).__name__
     layers = num_decoder_layers(stock)
-    arms = {name: resolved(arm, layers) for name, arm in arms.items()}
+    arms = {name: with_read_layers_resolved(arm, layers) for name, arm in arms.items()}
     for name, arm in arms.items():
         check_arm(stock, name, {**settings.recurrence_settings(), **arm})
     if streams is None:
@@ -220,7 +213,8 @@ def run_gate2(
     stock.requires_grad_(False).to(device).eval()
     common = {  # as JSON reads it back (lists, not tuples), to compare with an earlier run's
         "source": source,
-        "training": asdict(settings),
+        # `memory` left out: each arm's own is recorded beside it (and runs saved before the field still match).
+        "training": {key: value for key, value in asdict(settings).items() if key != "memory"},
         "train_examples": num_train,
         "probe_fraction": probe_fraction,
         "reaches": list(reaches),
