@@ -194,6 +194,8 @@ def test_a_family_beyond_llama_runs_with_its_flops_count(books_available, tmp_pa
         (["--backbone_learning_rate", "0"], "backbone_learning_rate=0"),
         (["--window_start", "bos"], "window_start='bos'"),
         (["--memory", "mean"], "memory must be one of ['attention', 'select'] or a JSON object, got memory='mean'"),
+        (["--memory", '{"memory_slot": 2}'], "['memory_slot'] are not recurrence settings"),
+        (["--memory", '{"window_size": 4}'], "sets ['window_size'], which the run sets for every trained arm"),
     ],
 )
 def test_bad_options_are_refused_before_any_work(options, message, tmp_path, capsys):

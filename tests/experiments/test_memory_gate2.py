@@ -88,6 +88,10 @@ def test_arms_are_presets_json_settings_or_zero_input_twins():
         (["x=[1]"], "must be a JSON object"),
         (["paper", "paper"], "given twice"),
         (["a/b={}"], "an arm's name"),
+        (
+            ['x={"memory_slot": 2}'],
+            r"arm 'x': \['memory_slot'\] are not recurrence settings; these are: .*memory_slots",
+        ),
     ]:
         with pytest.raises(UsageError, match=message):
             parse_arms(specs)

@@ -31,7 +31,7 @@ import re
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -67,6 +67,7 @@ from ..evaluation.perplexity import RECURRENT_CHUNK_TOKENS
 from ..evaluation.report import plot_nll_by_window_position
 from ..evaluation.statistics import compare, describe, nll_by_window_position, segment_sums
 from ..models import RecurrentDecoderForCausalLM
+from ..models.recurrent_decoder.configuration_recurrent_decoder import RecurrenceSettings
 from ..outputs import UsageError, prepare_output_dir, write_atomically
 from ..weights import (
     gemma3_270m_gguf_path,
@@ -114,6 +115,9 @@ MEMORY_PRESETS = {
     "attention": {"memory_slots": 4, "memory_pooling": "attention", "memory_read_layers": "all"},
     "select": {"memory_slots": 4, "memory_pooling": "select", "memory_read_layers": "all"},
 }
+
+# The recurrence settings a run sets for its trained arms from its own options (`recurrence_settings`).
+RUN_RECURRENCE_SETTINGS = ("window_size", "window_overlap", "insertion_layer", "normalize_pooled_states")
 
 # Positions predicted fewer times than this are left out of the NLL-by-position means (overlap > 0 re-reads them).
 # The validation book's 12,000 tokens predict each position of a 128-token window 93 times.
@@ -306,7 +310,23 @@ def memory_settings(memory: str | None) -> dict:
         settings = None
     if not isinstance(settings, dict):
         raise UsageError(f"memory must be one of {sorted(MEMORY_PRESETS)} or a JSON object, got memory={memory!r}")
+    check_recurrence_fields(settings, f"memory={memory!r}")
+    owned = sorted(set(settings) & {*RUN_RECURRENCE_SETTINGS, "recurrence_input"})
+    if owned:
+        raise UsageError(
+            f"memory={memory!r} sets {owned}, which the run sets for every trained arm (their own options, and "
+            "recurrence_input by arm)"
+        )
     return settings
+
+
+def check_recurrence_fields(settings: dict, owner: str) -> None:
+    """Refuse names that are not the recurrence core's own settings, which its config would drop without a word (a
+    misspelt `memory_slot` would run the paper's memory)."""
+    known = {setting.name for setting in fields(RecurrenceSettings)}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise UsageError(f"{owner}: {unknown} are not recurrence settings; these are: {', '.join(sorted(known))}")
 
 
 def with_read_layers_resolved(settings: dict, num_layers: int) -> dict:

@@ -35,6 +35,7 @@ from ..outputs import UsageError, write_atomically
 from .book_reproduction import (
     MEMORY_PRESETS,
     BookReproductionSettings,
+    check_recurrence_fields,
     h_prev_from_another_row,
     load_causal_lm,
     num_decoder_layers,
@@ -90,6 +91,7 @@ def parse_arms(specs: Sequence[str]) -> dict[str, dict]:
                 raise UsageError(f"arm {name!r}: {text!r} is not JSON ({error})") from None
             if not isinstance(settings, dict):
                 raise UsageError(f"arm {name!r}: the settings must be a JSON object, got {text!r}")
+            check_recurrence_fields(settings, f"arm {name!r}")
         elif name in ARM_PRESETS:
             settings = ARM_PRESETS[name]
         elif name.endswith(ZEROS_SUFFIX) and name.removesuffix(ZEROS_SUFFIX) in {**ARM_PRESETS, **arms}:
