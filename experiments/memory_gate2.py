@@ -144,10 +144,25 @@ def main(argv: list[str] | None = None, model=None, streams=None) -> dict:
     return bench.write_results(
         args,
         machine,
-        {"arms": bench.table(headers, rows)},
+        {"arms": bench.table(headers, rows), "by_distance": distance_table(report)},
         report,
         {"goals": report["goals"], "notes": notes},
     )
+
+
+def distance_table(report: dict) -> dict:
+    """Exact recall by how far before window 1's end the name was planted (the curriculum's reaches, in tokens), for
+    the stock reader and every arm with its own and another example's memory."""
+    readers = {"stock, window 2 alone": report["stock"]}
+    for name, arm in report["arms"].items():
+        readers[f"{name}, own memory"] = arm["own"]
+        readers[f"{name}, another example's"] = arm["swapped"]
+    distances = list(report["stock"]["recalled_by_distance"])
+    rows = [
+        [reader, *("–" if r is None else f"{100 * r:.1f}%" for r in scores["recalled_by_distance"].values())]
+        for reader, scores in readers.items()
+    ]
+    return bench.table(["reader", *(f"planted {d} tokens before the boundary" for d in distances)], rows)
 
 
 if __name__ == "__main__":

@@ -185,6 +185,8 @@ def test_the_script_runs_every_arm_end_to_end_and_a_second_run_resumes(tokenizer
     goals = recorded["text"]["goals"]
     assert len(goals) == 2 * 5 + 1 and all(line.split()[0] in ("PASS", "FAIL") for line in goals)
     assert [row[0] for row in recorded["tables"]["arms"]["rows"]] == ["stock, window 2 alone", *arms]
+    by_distance = recorded["tables"]["by_distance"]
+    assert len(by_distance["rows"]) == 1 + 2 * len(arms) and len(by_distance["headers"]) == 1 + 4
     out = capsys.readouterr().out
     assert "training select-zeros (3/3)" in out and "s a step after 2 steps" in out
     for name in arms:
