@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None, model=None, streams=None) -> dict:
         own, swapped, difference = arm["own"], arm["swapped"], arm["swapped_minus_own"]
         rows.append([
             name,
-            ", ".join(f"{key}={value}" for key, value in arm["recurrence"].items()) or "the paper's",
+            ", ".join(f"{key}={shown(value)}" for key, value in arm["recurrence"].items()) or "the paper's",
             f"{100 * own['recalled']:.1f}%",
             f"{100 * swapped['recalled']:.1f}%",
             f"{own['name_nll']:.3f}",
@@ -148,6 +148,13 @@ def main(argv: list[str] | None = None, model=None, streams=None) -> dict:
         report,
         {"goals": report["goals"], "notes": notes},
     )
+
+
+def shown(value: object) -> str:
+    """A setting as the table shows it: a run of consecutive layers as its ends ([0, 1, ..., 29] as 0-29)."""
+    if isinstance(value, list) and len(value) > 2 and value == list(range(value[0], value[0] + len(value))):
+        return f"{value[0]}-{value[-1]}"
+    return str(value)
 
 
 def distance_table(report: dict) -> dict:
