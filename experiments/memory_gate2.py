@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None, model=None, streams=None) -> dict:
         machine,
         {"arms": bench.table(headers, rows), "by_distance": distance_table(report)},
         report,
-        {"goals": report["goals"], "notes": notes},
+        {"goals": [f"- {line}" for line in report["goals"]], "notes": notes},
     )
 
 
