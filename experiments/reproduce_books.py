@@ -16,7 +16,7 @@ import _common as bench
 
 from hf_recurrence.cli import main as cli_main
 from hf_recurrence.commands.reproduce import BOOK_PRESETS
-from hf_recurrence.experiments.book_reproduction import describe, goals
+from hf_recurrence.experiments.book_reproduction import describe_comparisons, goals
 from hf_recurrence.experiments.memory_gate3 import gate3_goals
 from hf_recurrence.experiments.reproduction import findings
 
@@ -49,7 +49,7 @@ def main() -> None:
         "run": [
             f"`{' '.join(['hf-recurrence', *command])}` — {report['minutes']:.1f} minutes in all. {args.note}".rstrip()
         ],
-        "intervals": [f"- {describe(c)}" for c in comparisons.values()],
+        "intervals": [f"- {line}" for line in describe_comparisons(comparisons)],
         "goals": [f"- {line}" for line in checked],
         # Issue 39's gate 3 (a run with --memory): its goals, and the words the previous window read, met again.
         "memory_goals": [f"- {line}" for line in gate3_goals(report)],

@@ -576,6 +576,11 @@ def test_carried_tokens_compare_the_recurrent_arm_and_the_control_on_the_words_t
     assert summary == {"tokens": 18, "share": 18 / 30, "nll": {"recurrent": 1.5, "control": 2.0}}
     assert comparison["relative_difference"] == pytest.approx(math.exp(-0.5) - 1)
     assert comparison["num_segments"] == 6  # each document's first 4 positions carry nothing
+    # Its line says it counts the carried tokens only: it pairs the same arms as the recurrent-vs-control line.
+    lines = book_reproduction.describe_comparisons(
+        {"recurrent vs control": comparison, "recurrent vs control, carried tokens": comparison}
+    )
+    assert not lines[0].endswith("only") and lines[1] == lines[0] + ", carried tokens only"
     # A document's first window alone carries nothing: no comparison.
     first = {key: [TokenNLL(read[0].nll[:3], positions[:3])] for key, read in token_nll.items()}
     summary, comparison = book_reproduction.carried_tokens(first, [_one_word_tokens([" rain"] * 4)], settings)

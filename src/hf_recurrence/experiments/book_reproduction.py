@@ -948,6 +948,19 @@ def book_comparisons(token_nll: dict, settings: BookReproductionSettings) -> tup
     return comparisons, lost_fraction
 
 
+# The name of the comparison on the carried tokens only, in `comparisons`: its arms are named as the others' are.
+CARRIED_COMPARISON = "recurrent vs control, carried tokens"
+
+
+def describe_comparisons(comparisons: dict[str, dict]) -> list[str]:
+    """One `describe` line per comparison, the one on the carried tokens saying so (it pairs the same arms as the
+    recurrent-vs-control line)."""
+    return [
+        describe(c) + (", carried tokens only" if name == CARRIED_COMPARISON else "")
+        for name, c in comparisons.items()
+    ]
+
+
 def carried_tokens(
     token_nll: dict, words: list[TokenWords], settings: BookReproductionSettings
 ) -> tuple[dict, dict | None]:
@@ -978,7 +991,7 @@ def finish_book_run(run: BookRun) -> dict:
     carried, carried_comparison = carried_tokens(run.token_nll, run.words, settings)
     run.extra["carried_tokens"] = carried
     if carried_comparison is not None:
-        comparisons["recurrent vs control, carried tokens"] = carried_comparison
+        comparisons[CARRIED_COMPARISON] = carried_comparison
     by_position = {
         # NaN (a position too rarely predicted) as null: JSON has no NaN
         key: [
@@ -988,7 +1001,7 @@ def finish_book_run(run: BookRun) -> dict:
         for key, value in run.token_nll.items()
         if key.endswith("@0")
     }
-    summary = [describe(c) for c in comparisons.values()]
+    summary = describe_comparisons(comparisons)
     summary += goals(comparisons, lost_fraction)
     summary += findings(run.rows)
     minutes = (time.perf_counter() - run.start) / 60
