@@ -1,4 +1,4 @@
-"""Test session set-up: a Hub on loopback, private HF cache, deterministic, two threads.
+"""Test session set-up: a Hub on loopback, private HF cache, deterministic, two threads (one per worker under `-n 2`).
 
 Nothing in a test session may reach the real Hugging Face Hub. `HF_HUB_OFFLINE` cannot be the guard: huggingface_hub
 reads it once, at import, into a process-wide constant, so it could not be lifted for the tests that push and pull
@@ -32,7 +32,9 @@ def pytest_configure(config):
     os.environ["HF_ENDPOINT"] = hub.url
     os.environ["HF_TOKEN"] = ALICE_TOKEN
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
-    os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="hf_recurrence_test_home_"))
+    if "HF_HOME" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
+        # Each pytest-xdist worker runs its own Hub server: its cache must not hold another worker's downloads.
+        os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="hf_recurrence_test_home_")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     from huggingface_hub import constants
@@ -43,7 +45,8 @@ def pytest_configure(config):
 
     import torch
 
-    torch.set_num_threads(2)
+    # Two threads in all: the machines that run the suite have 2 cores, shared among pytest-xdist's workers.
+    torch.set_num_threads(max(1, 2 // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
 def pytest_unconfigure(config):
