@@ -16,7 +16,7 @@ import _common as bench
 
 from hf_recurrence.cli import main as cli_main
 from hf_recurrence.commands.reproduce import BOOK_PRESETS
-from hf_recurrence.experiments.book_reproduction import describe_comparisons, goals
+from hf_recurrence.experiments.book_reproduction import describe_comparisons, goals, name_probe_line
 from hf_recurrence.experiments.memory_gate3 import gate3_goals
 from hf_recurrence.experiments.reproduction import findings
 
@@ -54,6 +54,8 @@ def main() -> None:
         # Issue 39's gate 3 (a run with --memory): its goals, and the words the previous window read, met again.
         "memory_goals": [f"- {line}" for line in gate3_goals(report)],
         "carried_tokens": [carried_tokens_line(report["carried_tokens"])],
+        # A run with --probe_fraction: each trained arm's name recall on the validation book.
+        "name_probe": [f"- {name_probe_line(arm, scores)}" for arm, scores in report.get("name_probe", {}).items()],
     }
     tables = {
         "perplexity": bench.perplexity_table(report["rows"]),

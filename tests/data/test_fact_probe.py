@@ -111,3 +111,33 @@ def test_fact_probe_records_how_far_before_the_boundary_each_name_was_planted(to
     for example, name, distance in zip(probe.examples, probe.names, probe.distances, strict=True):
         planted = ask + tokenizer(" " + name, add_special_tokens=False)["input_ids"] + period
         assert _planted_at(example["input_ids"].tolist(), planted) + len(planted) == WINDOW - distance
+
+
+def test_longer_blocks_lead_with_running_text_and_plant_the_name_one_boundary_before_the_question(tokenizer):
+    stream = random_stream(3)
+    text = "," + ",".join(map(str, stream)) + ","
+    data = FactProbeCurriculum(stream, tokenizer, WINDOW, num_examples=32, probe_fraction=0.5, windows=4)
+    two = FactProbeCurriculum(stream, tokenizer, WINDOW, num_examples=32, probe_fraction=0.5)
+    planted_ask, period = data.planter.ask, data.planter.period
+    for i in range(len(data)):
+        example = data.draw(i)
+        ids, labels = example["input_ids"], example["labels"]
+        assert ids.shape == labels.shape == (4 * WINDOW,)
+        if not example["probe"]:  # four consecutive windows of the stream, every label on
+            assert torch.equal(labels, ids)
+            assert "," + ",".join(map(str, ids.tolist())) + "," in text
+            continue
+        name_ids = data.planter.name_ids(example["name"])
+        # Only the name at the end of window 4 is labelled; windows 1-2 are the stream's text just before window 3's.
+        assert (labels != -100).sum() == len(name_ids) and torch.equal(labels[-len(name_ids) :], ids[-len(name_ids) :])
+        planted = planted_ask + name_ids + period
+        last_two = ids[2 * WINDOW :].tolist()
+        assert _planted_at(last_two, planted) + len(planted) == WINDOW - example["distance"]
+        plant_window = last_two[:WINDOW]
+        start = _planted_at(last_two, planted)
+        window_text = plant_window[:start] + plant_window[start + len(planted) :]
+        assert "," + ",".join(map(str, ids[: 2 * WINDOW].tolist() + window_text)) + "," in text
+        # The same name as the two-window curriculum draws for example i (one generator per example, the name first).
+        assert example["name"] == two.draw(i)["name"]
+    with pytest.raises(ValueError, match="windows must be an integer of at least 2"):
+        FactProbeCurriculum(stream, tokenizer, WINDOW, 8, windows=1)

@@ -18,6 +18,7 @@ from hf_recurrence.cli import main
 from hf_recurrence.commands.reproduce import BOOK_PRESETS
 from hf_recurrence.data import WindowedBlocksCollator
 from hf_recurrence.data import books as books_module
+from hf_recurrence.data.fact_probe import FactProbeCurriculum
 from hf_recurrence.evaluation import TokenNLL, WindowPrefixed, flops_per_token, windowed_perplexity
 from hf_recurrence.evaluation.carried import TokenWords, carried_token_mask, token_words
 from hf_recurrence.experiments import book_reproduction
@@ -111,6 +112,55 @@ def test_three_arms_end_to_end(books_available, tiny_llama_folder, tmp_path, cap
     assert not torch.equal(recurrent["ffn.0.weight"], control["ffn.0.weight"])
 
 
+def test_a_probe_fraction_trains_every_arm_on_the_name_probe_curriculum_and_scores_its_recall(
+    books_available, tmp_path, capsys, monkeypatch
+):
+    # Windows long enough for the planted sentence ("The stranger's name was ...", 27 tokens of this tokenizer).
+    model_folder = tmp_path / "llama"
+    tokenizer = stdlib_tokenizer()
+    config = LlamaConfig(**{**TINY_LLAMA, "vocab_size": len(tokenizer), "max_position_embeddings": 64})
+    LlamaForCausalLM(config).save_pretrained(model_folder)
+    tokenizer.save_pretrained(model_folder)
+    served = []
+    train_arm = book_reproduction.train_arm
+
+    def recording_train_arm(stock, recurrence_input, data, settings, *args, **kwargs):
+        served.append(data)
+        return train_arm(stock, recurrence_input, data, settings, *args, **kwargs)
+
+    monkeypatch.setattr(book_reproduction, "train_arm", recording_train_arm)
+    monkeypatch.setattr(book_reproduction, "PROBE_EXAMPLES", 6)
+    out = tmp_path / "run"
+    run = ["--window_size", "40", "--windows_per_block", "3", "--batch_size", "2", "--max_steps", "2",
+           "--warmup_steps", "0", "--eval_tokens_per_book", "90", "--segment_tokens", "20", "--num_resamples", "20",
+           "--insertion_layer", "1", "--probe_fraction", "0.5", "--memory", "select"]  # fmt: skip
+    status = main(["reproduce", "--preset", "smollm2", "--model_name_or_path", str(model_folder),
+                   "--output_dir", str(out), *run])  # fmt: skip
+    assert status == 0
+    # Every arm (the baseline and the two trained) gets the same curriculum: 3-window blocks, half of them probes.
+    assert len(served) == 3 and all(isinstance(data, FactProbeCurriculum) for data in served)
+    assert all((data.windows, data.window_size, len(data), data.probe_fraction) == (3, 40, 4, 0.5) for data in served)
+    assert all(torch.equal(data[i]["labels"], served[0][i]["labels"]) for data in served for i in range(4))
+    results = json.loads((out / "results.json").read_text())
+    assert results["settings"]["probe_fraction"] == 0.5
+    probe = results["name_probe"]
+    assert set(probe) == {"baseline", "recurrent", "control"}
+    assert set(probe["baseline"]) == {"own"}  # windows read alone: no memory to swap
+    assert set(probe["recurrent"]) == set(probe["control"]) == {"own", "swapped"}
+    for readers in probe.values():
+        for scores in readers.values():
+            assert 0 <= scores["recalled"] <= 1 and scores["name_nll"] > 0
+    # The zero-input control reads no window: another example's memory is its own.
+    assert probe["control"]["own"] == probe["control"]["swapped"]
+    report = (out / "results.md").read_text()
+    assert "recurrent name probe: recall " in report and "with another example's memory" in report
+    assert "control name probe: recall" in capsys.readouterr().out
+    # A window with no room for the planted sentence is refused (before the output folder is made).
+    short = BookReproductionSettings(window_size=16, probe_fraction=0.5)
+    with pytest.raises(UsageError, match="probe_fraction=0.5: window_size=16 leaves no room for the planted sentence"):
+        book_reproduction.name_probe(short, tokenizer)
+
+
 @pytest.fixture(scope="module")
 def tiny_gemma3_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gemma3")
@@ -196,6 +246,8 @@ def test_a_family_beyond_llama_runs_with_its_flops_count(books_available, tmp_pa
         (["--memory", "mean"], "memory must be one of ['attention', 'select'] or a JSON object, got memory='mean'"),
         (["--memory", '{"memory_slot": 2}'], "['memory_slot'] are not recurrence settings"),
         (["--memory", '{"window_size": 4}'], "sets ['window_size'], which the run sets for every trained arm"),
+        (["--probe_fraction", "1.5"], "probe_fraction must lie in [0, 1], got probe_fraction=1.5"),
+        (["--probe_fraction", "0.5", "--window_start", "text_start"], "scores the name probe on bare windows"),
     ],
 )
 def test_bad_options_are_refused_before_any_work(options, message, tmp_path, capsys):

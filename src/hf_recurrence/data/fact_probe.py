@@ -10,7 +10,9 @@ another example's carried state and should fall back to chance.
 
 `FactProbe` is the probe as scored (a fixed set, the plant anywhere in window 1); `FactProbeCurriculum` is the same
 task as a training set, with the plant moved from the end of window 1 towards its start as training goes on, and
-mixed with plain language-model blocks. Both build their examples with one `NamePlanter`.
+mixed with plain language-model blocks; it can also serve longer blocks (e.g. the book runs' 4 windows), the name
+planted in the second-to-last window and asked for at the end of the last. Both build their examples with one
+`NamePlanter`.
 """
 
 import math
@@ -127,8 +129,11 @@ class FactProbe(Dataset):
 
 
 class FactProbeCurriculum(IterableDataset):
-    """The probe as a training set: `num_examples` two-window examples, served in order, a share `probe_fraction` of
-    them probe examples and the rest plain language-model blocks (two windows of the same stream, every label on).
+    """The probe as a training set: `num_examples` examples of `windows` windows, served in order, a share
+    `probe_fraction` of them probe examples and the rest plain language-model blocks (`windows` windows of the same
+    stream, every label on). A probe example of more than two windows is `windows - 2` windows of running text (no
+    label on them) followed by the two-window probe: the name planted in the second-to-last window, asked for at the
+    end of the last, so it is always carried across exactly one window boundary.
 
     Example i (training progress i / num_examples) is in curriculum stage `s = i * len(reaches) // num_examples`: its
     planted sentence ends `d` text tokens before window 1's end, `d` drawn uniformly from `0 .. ceil(reaches[s] *
@@ -153,6 +158,7 @@ class FactProbeCurriculum(IterableDataset):
         probe_fraction: the share of probe examples, in [0, 1]; the rest are language-model blocks.
         reaches: the curriculum's stages, increasing fractions in (0, 1] (`CURRICULUM_REACHES`).
         seed: the names, offsets and plant positions.
+        windows: windows per example, at least 2.
     """
 
     def __init__(
@@ -164,6 +170,7 @@ class FactProbeCurriculum(IterableDataset):
         probe_fraction: float = 1.0,
         reaches: Sequence[float] = CURRICULUM_REACHES,
         seed: int = 0,
+        windows: int = 2,
     ):
         if not 0 <= probe_fraction <= 1:
             raise ValueError(f"probe_fraction must lie in [0, 1], got probe_fraction={probe_fraction!r}")
@@ -172,6 +179,8 @@ class FactProbeCurriculum(IterableDataset):
             raise ValueError(f"reaches must be increasing fractions in (0, 1], got reaches={list(reaches)}")
         if num_examples < 1:
             raise ValueError(f"num_examples must be positive, got num_examples={num_examples}")
+        if isinstance(windows, bool) or not isinstance(windows, int) or windows < 2:
+            raise ValueError(f"windows must be an integer of at least 2 (the plant and the question), got {windows!r}")
         self.stream = stream
         self.planter = NamePlanter(tokenizer, window_size)
         self.window_size = window_size
@@ -179,8 +188,9 @@ class FactProbeCurriculum(IterableDataset):
         self.probe_fraction = probe_fraction
         self.reaches = reaches
         self.seed = seed
-        if len(stream) < 2 * window_size:
-            raise ValueError(f"The stream ({len(stream):,} tokens) is shorter than two windows of {window_size}")
+        self.windows = windows
+        if len(stream) < windows * window_size:
+            raise ValueError(f"The stream ({len(stream):,} tokens) is shorter than {windows} windows of {window_size}")
 
     def __len__(self) -> int:
         return self.num_examples
@@ -199,16 +209,23 @@ class FactProbeCurriculum(IterableDataset):
             raise IndexError(f"example {i} of {self.num_examples}")
         rng = random.Random(f"FactProbeCurriculum:{self.seed}:{i}")
         if not self.is_probe(i):
-            start = rng.randrange(len(self.stream) - 2 * self.window_size + 1)
-            ids = torch.tensor(self.stream[start : start + 2 * self.window_size])
+            start = rng.randrange(len(self.stream) - self.windows * self.window_size + 1)
+            ids = torch.tensor(self.stream[start : start + self.windows * self.window_size])
             return {"input_ids": ids, "labels": ids.clone(), "probe": False}
         name = invented_name(rng)
         name_ids = self.planter.name_ids(name)
         first_text, second_text = self.planter.text_tokens(name_ids)  # fewer than the stream's two windows
-        start = rng.randrange(len(self.stream) - first_text - second_text + 1)
+        lead = (self.windows - 2) * self.window_size  # the windows before the plant's, running text only
+        start = rng.randrange(len(self.stream) - lead - first_text - second_text + 1)
         distance = rng.randint(0, math.ceil(self.reach(i) * first_text))
-        text = self.stream[start : start + first_text + second_text]
+        text = self.stream[start + lead : start + lead + first_text + second_text]
         example = self.planter.example(text, name_ids, first_text - distance)
+        if lead:
+            lead_ids = torch.tensor(self.stream[start : start + lead])
+            example = {
+                "input_ids": torch.cat([lead_ids, example["input_ids"]]),  # (windows * window_size,)
+                "labels": torch.cat([torch.full_like(lead_ids, -100), example["labels"]]),
+            }
         return {**example, "probe": True, "name": name, "distance": distance}
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:

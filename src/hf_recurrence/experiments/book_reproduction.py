@@ -51,8 +51,9 @@ from transformers.pytorch_utils import Conv1D
 
 from ..data import TokenBlocks, WindowedBlocksCollator, token_stream
 from ..data.books import BOOK_SPLITS, austen_split, write_austen_split_manifest
-from ..data.fact_probe import FactProbe, fact_nll
+from ..data.fact_probe import FactProbe, FactProbeCurriculum, fact_nll
 from ..evaluation import (
+    RECURRENT_MODEL_TYPES,
     TokenNLL,
     WindowedPerplexity,
     WindowPrefixed,
@@ -211,6 +212,17 @@ class BookReproductionSettings:
             "paper's one mean-pooled slot)."
         },
     )
+    probe_fraction: float = field(
+        default=0.0,
+        metadata={
+            "help": "Share of every arm's training blocks that are name-probe blocks, in [0, 1]: an invented name "
+            "planted in a block's second-to-last window and asked for at the end of its last, only the name labelled "
+            "(`FactProbeCurriculum`: the plant next to the boundary first); the rest are language-model blocks at "
+            "random offsets of the training books. A training signal a constant memory cannot satisfy. The trained "
+            "arms' name recall is then scored on the validation book, with their own and another example's memory "
+            "(0: the recorded protocol, consecutive blocks of the books, no probe)."
+        },
+    )
     warmup_steps: int = field(default=10, metadata={"help": "Warm-up steps."})
     insertion_layer: int = field(default=2, metadata={"help": "Layer that receives h_prev."})
     normalize_pooled_states: bool = field(
@@ -259,6 +271,13 @@ class BookReproductionSettings:
         if self.window_size < 2:
             raise UsageError(f"window_size must be at least 2, got window_size={self.window_size}")
         memory_settings(self.memory)  # a bad spec refused before anything loads
+        if isinstance(self.probe_fraction, bool) or not 0 <= self.probe_fraction <= 1:
+            raise UsageError(f"probe_fraction must lie in [0, 1], got probe_fraction={self.probe_fraction!r}")
+        if self.probe_fraction and self.window_start != "bare":
+            raise UsageError(
+                f"probe_fraction={self.probe_fraction} scores the name probe on bare windows; got "
+                f"window_start={self.window_start!r} (use window_start='bare')"
+            )
         for name in ("learning_rate", "backbone_learning_rate"):
             if not getattr(self, name) > 0:
                 raise UsageError(f"{name} must be positive, got {name}={getattr(self, name)!r}")
@@ -766,6 +785,7 @@ class BookRun:
     documents: list[torch.Tensor]
     words: list[TokenWords]
     stream: list[int]
+    probe: FactProbe | None = None
     start: float = field(default_factory=time.perf_counter)
     rows: list[dict] = field(default_factory=list)
     token_nll: dict = field(default_factory=dict)
@@ -800,7 +820,40 @@ class BookRun:
         train (the baseline on a frozen backbone has nothing)."""
         trains = recurrence_input is not None or self.settings.backbone != "frozen"
         callbacks = [self.progress.start(name)] if trains else []
-        return train_arm(self.stock, recurrence_input, self.stream, self.settings, self.starts, callbacks=callbacks)
+        return train_arm(
+            self.stock, recurrence_input, self.training_data(), self.settings, self.starts, callbacks=callbacks
+        )
+
+    def training_data(self) -> list[int] | FactProbeCurriculum:
+        """The stream (cut into consecutive blocks by `train_arm`), or with `probe_fraction` the name-probe curriculum
+        of blocks: the same blocks in the same order for every arm either way."""
+        s = self.settings
+        if not s.probe_fraction:
+            return self.stream
+        examples = s.max_steps * s.batch_size
+        return FactProbeCurriculum(
+            self.stream,
+            self.tokenizer,
+            s.window_size,
+            examples,
+            s.probe_fraction,
+            seed=s.seed,
+            windows=s.windows_per_block,
+        )
+
+    def score_probe(self, model: PreTrainedModel, name: str) -> None:
+        """With `probe_fraction`: the arm's exact name recall and name NLL on the validation book's probe, with its own
+        memory and (a recurrent arm) another example's, kept in results.json's `name_probe` and printed."""
+        if self.probe is None:
+            return
+        window = self.settings.window_size
+        readers = {"own": fact_nll(model, self.probe, window)}
+        if model.config.model_type in RECURRENT_MODEL_TYPES:
+            with h_prev_from_another_row(model):
+                readers["swapped"] = fact_nll(model, self.probe, window)
+        scores = {reader: {"name_nll": nll, "recalled": recalled} for reader, (nll, recalled) in readers.items()}
+        self.extra.setdefault("name_probe", {})[name] = scores
+        print(f"  {name_probe_line(name, scores)}", flush=True)
 
 
 def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, overwrite: bool = False) -> dict:
@@ -828,12 +881,20 @@ def prepare_book_run(settings: BookReproductionSettings, output_dir: Path, overw
     stock, tokenizer, source = model["stock"], model["tokenizer"], model["source"]
     documents, words, read = held_out_documents_and_words(settings, tokenizer)
     stream = token_stream([book.text for book in train_books], tokenizer)
+    probe = name_probe(settings, tokenizer) if settings.probe_fraction else None
     prepare_output_dir(output_dir, BOOK_REPORT_FILES, writer="hf-recurrence reproduce", overwrite=overwrite)
     write_austen_split_manifest(output_dir / "split.json")
     stock.requires_grad_(False)
     stock.to(device)
     run = BookRun(
-        settings=settings, output_dir=output_dir, documents=documents, words=words, stream=stream, start=start, **model
+        settings=settings,
+        output_dir=output_dir,
+        documents=documents,
+        words=words,
+        stream=stream,
+        probe=probe,
+        start=start,
+        **model,
     )
     run.extra.update(held_out=read, train_tokens_per_arm=run.train_tokens, device=device)
     block_tokens = settings.windows_per_block * settings.window_size
@@ -847,6 +908,21 @@ def prepare_book_run(settings: BookReproductionSettings, output_dir: Path, overw
     print(run.progress.plan(evaluations + (len(documents) > 1)))
     announce_window_start(tokenizer, run.starts)
     return run
+
+
+# Validation-book examples the name probe scores a book run's arms on (`probe_fraction`), as gate 2 scores its arms.
+PROBE_EXAMPLES = 256
+
+
+def name_probe(settings: BookReproductionSettings, tokenizer: PreTrainedTokenizerBase) -> FactProbe:
+    """The name probe a run with `probe_fraction` scores its arms on: two-window examples of the run's window cut
+    from the validation book (whatever the run's `eval_split`: the probe only says whether training taught the
+    memory to carry a name), seeded apart from the training curriculum."""
+    stream = token_stream([book.text for book in austen_split("validation")], tokenizer)
+    try:  # a window with no room for the planted sentence, refused before any training
+        return FactProbe(stream, tokenizer, settings.window_size, PROBE_EXAMPLES, seed=settings.seed + 1)
+    except ValueError as error:
+        raise UsageError(f"probe_fraction={settings.probe_fraction}: {error}") from None
 
 
 def load_checked_model(settings: BookReproductionSettings) -> dict:
@@ -892,6 +968,7 @@ def run_baseline_and_references(run: BookRun) -> None:
     for fraction in settings.overlap_fractions:
         overlap = overlap_tokens(settings.window_size, fraction)
         run.evaluate(baseline, "baseline", overlap, train_loss=loss, tokens=0 if loss is None else run.train_tokens)
+    run.score_probe(baseline, "baseline")
     del baseline
     for name, prefix in reference_prefixes(run.tokenizer, settings).items():
         # What a learned window start could be worth, at no training: the stock model reading a fixed prefix.
@@ -923,6 +1000,7 @@ def run_trained_arms(run: BookRun) -> None:
         )
         run.extra[f"{name}_train_minutes"] = minutes
         run.evaluate(model, name, 0, train_loss=loss, tokens=run.train_tokens)
+        run.score_probe(model, name)
         if name == "recurrent" and len(run.documents) > 1:
             with h_prev_from_another_row(model):
                 run.evaluate(model, "shuffled", 0, train_loss=loss, tokens=run.train_tokens)
@@ -982,6 +1060,17 @@ def carried_tokens(
     return {"tokens": count, "share": count / predicted, "nll": nll}, comparison
 
 
+def name_probe_line(arm: str, scores: dict[str, dict[str, float]]) -> str:
+    """One arm's name-probe scores (`BookRun.score_probe`): recall and name NLL with its own memory, and with another
+    example's where it has one."""
+    readers = {"own": "", "swapped": " with another example's memory"}
+    return f"{arm} name probe: " + "; ".join(
+        f"recall {scores[reader]['recalled']:.1%}{label}, name NLL {scores[reader]['name_nll']:.3f}"
+        for reader, label in readers.items()
+        if reader in scores
+    )
+
+
 def finish_book_run(run: BookRun) -> dict:
     """Compare the arms, write the final report, results.json's extra fields and both plots; print the summary."""
     settings, output_dir = run.settings, run.output_dir
@@ -1004,6 +1093,7 @@ def finish_book_run(run: BookRun) -> dict:
     summary = describe_comparisons(comparisons)
     summary += goals(comparisons, lost_fraction)
     summary += findings(run.rows)
+    summary += [name_probe_line(arm, scores) for arm, scores in run.extra.get("name_probe", {}).items()]
     minutes = (time.perf_counter() - run.start) / 60
     table = write_report(
         output_dir, run.rows, summary, finished=True, **report_header(settings, run.source, run.start)
