@@ -161,6 +161,65 @@ def test_a_probe_fraction_trains_every_arm_on_the_name_probe_curriculum_and_scor
         book_reproduction.name_probe(short, tokenizer)
 
 
+def _close(a, b) -> bool:
+    """The same JSON, numbers equal to a relative 1e-6 (the same computation, in another process)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(map(_close, a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-6) or (math.isnan(a) and math.isnan(b))
+    return a == b
+
+
+def test_a_resumed_run_trains_only_the_unfinished_arms_and_records_what_one_sitting_would(
+    books_available, tiny_llama_folder, tmp_path, capsys, monkeypatch
+):
+    def reproduce(out, *options):
+        return main(["reproduce", "--preset", "smollm2", "--model_name_or_path", str(tiny_llama_folder),
+                     "--output_dir", str(out), *TINY_RUN, *options])  # fmt: skip
+
+    assert reproduce(tmp_path / "whole") == 0
+    trained = []
+    train_arm = book_reproduction.train_arm
+
+    def stopping_train_arm(stock, recurrence_input, *args, **kwargs):
+        trained.append(recurrence_input)
+        if recurrence_input == "zeros" and stop:
+            raise KeyboardInterrupt  # the sitting ends while the control trains
+        return train_arm(stock, recurrence_input, *args, **kwargs)
+
+    monkeypatch.setattr(book_reproduction, "train_arm", stopping_train_arm)
+    stop, out = True, tmp_path / "sittings"
+    with pytest.raises(KeyboardInterrupt):
+        reproduce(out)
+    assert trained == [None, "window", "zeros"]  # the frozen baseline's call trains nothing
+    assert json.loads((out / "checkpoint.json").read_text())["stages"] == ["baseline", "recurrent"]
+    capsys.readouterr()
+    # Refused, naming why, before any work: other settings, both --resume and --overwrite, nothing to continue.
+    assert reproduce(out, "--resume", "--max_steps", "4") == 2
+    assert "other settings (max_steps differ)" in capsys.readouterr().err
+    assert reproduce(out, "--resume", "--overwrite") == 2
+    assert "give one of them" in capsys.readouterr().err
+    assert reproduce(tmp_path / "empty", "--resume") == 2
+    assert "holds no book run to continue (no checkpoint.json)" in capsys.readouterr().err
+    assert main(["reproduce", "--preset", "smoke", "--output_dir", str(out), "--resume"]) == 2
+    assert "--resume continues a long-books run" in capsys.readouterr().err
+    assert trained == [None, "window", "zeros"]
+
+    stop, trained[:] = False, []
+    assert reproduce(out, "--resume") == 0
+    printed = capsys.readouterr().out
+    assert "Resuming the run in" in printed and "[recurrent] finished by an earlier run" in printed
+    assert trained == ["zeros"]  # only the unfinished stage
+    whole, resumed = (json.loads((folder / "results.json").read_text()) for folder in (tmp_path / "whole", out))
+    assert resumed["finished"] and resumed["minutes"] > 0
+    for key in ("rows", "comparisons", "carried_tokens", "nll_by_window_position", "carried_gain_lost_when_shuffled"):
+        assert _close(resumed[key], whole[key]), key
+    assert reproduce(out, "--resume") == 2
+    assert "is finished; nothing to continue" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def tiny_gemma3_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gemma3")

@@ -8,7 +8,8 @@ the recurrent model's gain split into learned constant (control vs baseline) and
 control) with paired bootstrap intervals, and writes results.json, results.md and the Figure 5-shaped
 perplexity_vs_flops.png.
 The settings, the model and --output_dir (empty, unless --overwrite) are checked before any training, and the
-results are written after each evaluation.
+results are written after each evaluation; a long-books run also keeps a checkpoint after each arm, which --resume
+continues from.
 
 Presets: `default` (about 10.5 minutes on 2 idle CPU cores; a busy machine takes several times that), `smoke` (seconds: a wiring check, numbers meaningless) and
 `paper` (GPT-2 small with 300-token windows and the paper's overlaps; for a GPU and a model from the Hub). Any option
@@ -101,6 +102,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--output_dir", type=Path, default=Path("outputs/reproduce"), help="Where results go.")
     add_overwrite_argument(parser)
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="(smollm2, gemma3) Continue the unfinished run in output_dir, given the same options, from its last "
+        "finished stage (the baseline and reference rows, then each trained arm): a run longer than one sitting.",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> ReproductionSettings | BookReproductionSettings:
@@ -124,7 +131,11 @@ def settings_from_args(args: argparse.Namespace) -> ReproductionSettings | BookR
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     if isinstance(settings, BookReproductionSettings):
-        reproduce_on_books(settings, args.output_dir, overwrite=args.overwrite)
+        reproduce_on_books(settings, args.output_dir, overwrite=args.overwrite, resume=args.resume)
+    elif args.resume:
+        raise UsageError(
+            f"--resume continues a long-books run (--preset {' or '.join(BOOK_PRESETS)}), not --preset {args.preset}"
+        )
     else:
         reproduce(settings, args.output_dir, overwrite=args.overwrite, caveat=CAVEATS.get(args.preset))
     return 0

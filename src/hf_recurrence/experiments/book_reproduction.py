@@ -29,13 +29,13 @@ import json
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
@@ -88,7 +88,13 @@ BOOK_REPORT_FILES = (
     "nll_by_window_position.png",
     "split.json",
     "recurrence_*.safetensors",
+    "checkpoint.json",
+    "checkpoint.safetensors",
 )
+
+# What `--resume` continues from: the settings, the stages finished and what they recorded (rows, extra fields;
+# token NLLs in the .safetensors beside it), rewritten after each stage.
+CHECKPOINT = "checkpoint.json"
 
 # The reference rows' prompt: this project's own sentence of plain narrative prose, read before every window.
 REFERENCE_PROMPT = (
@@ -790,12 +796,41 @@ class BookRun:
     rows: list[dict] = field(default_factory=list)
     token_nll: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
+    finished_stages: list[str] = field(default_factory=list)
     progress: RunProgress = field(init=False)
 
     def __post_init__(self):
-        # What is trained, in order: the baseline only when the backbone is.
+        # What is left to train, in order: the baseline only when the backbone is.
         trained = (["baseline"] if self.settings.backbone != "frozen" else []) + list(TRAINED_ARMS)
-        self.progress = RunProgress(trained, self.settings.max_steps)
+        self.progress = RunProgress([n for n in trained if n not in self.finished_stages], self.settings.max_steps)
+
+    def stage(self, name: str, work: Callable[[], None]) -> None:
+        """Run one stage of the run (the baseline with the reference rows, or a trained arm: its training and reads),
+        unless an earlier run of this folder finished it (`--resume`); then keep what the run has so far in the
+        checkpoint."""
+        if name in self.finished_stages:
+            print(f"[{name}] finished by an earlier run of {self.output_dir}: its reads are kept, not redone")
+            return
+        work()
+        self.finished_stages.append(name)
+        self.save_checkpoint()
+
+    def save_checkpoint(self) -> None:
+        tensors = {
+            f"{read}/{i}/{part}": getattr(document, part).contiguous()
+            for read, documents in self.token_nll.items()
+            for i, document in enumerate(documents)
+            for part in ("nll", "window_position")
+        }
+        save_file(tensors, str(self.output_dir / "checkpoint.safetensors"))
+        checkpoint = {
+            **checkpoint_key(self.settings, self.source),
+            "stages": self.finished_stages,
+            "minutes": (time.perf_counter() - self.start) / 60,
+            "rows": self.rows,
+            "extra": self.extra,
+        }
+        write_atomically(self.output_dir / CHECKPOINT, json.dumps(checkpoint, indent=2))
 
     @property
     def train_tokens(self) -> int:
@@ -856,21 +891,64 @@ class BookRun:
         print(f"  {name_probe_line(name, scores)}", flush=True)
 
 
-def reproduce_on_books(settings: BookReproductionSettings, output_dir: Path, *, overwrite: bool = False) -> dict:
+def reproduce_on_books(
+    settings: BookReproductionSettings, output_dir: Path, *, overwrite: bool = False, resume: bool = False
+) -> dict:
     """Run the three arms; writes results.json, results.md, split.json, both plots and each trained arm's recurrence
     weights (`recurrence_<arm>.safetensors`) to `output_dir`. Returns what results.json holds.
 
     Everything that can be checked (settings, model, books, `output_dir`) is checked before training; results are
-    rewritten after each evaluation, so a later failure loses nothing finished.
+    rewritten after each evaluation, so a later failure loses nothing finished. After each stage (the baseline with
+    the reference rows, then each trained arm with its reads) the run keeps what it has in `checkpoint.json`:
+    `resume=True` continues an unfinished run of the same settings in `output_dir` from its last finished stage, so a
+    run longer than one sitting can be done in several.
     """
-    run = prepare_book_run(settings, output_dir, overwrite)
-    run_baseline_and_references(run)
-    run_trained_arms(run)
+    run = prepare_book_run(settings, output_dir, overwrite, resume)
+    run.stage("baseline", lambda: run_baseline_and_references(run))
+    for name, recurrence_input in TRAINED_ARMS.items():
+        run.stage(
+            name, lambda name=name, recurrence_input=recurrence_input: run_trained_arm(run, name, recurrence_input)
+        )
     return finish_book_run(run)
 
 
-def prepare_book_run(settings: BookReproductionSettings, output_dir: Path, overwrite: bool) -> BookRun:
-    """Load and check everything before any training, prepare `output_dir`, and print what the run reads."""
+def checkpoint_key(settings: BookReproductionSettings, source: str) -> dict:
+    """What a checkpoint must share with the run that resumes it, as JSON reads it back."""
+    return json.loads(json.dumps({"settings": asdict(settings), "source": source}))
+
+
+def read_checkpoint(output_dir: Path, settings: BookReproductionSettings, source: str) -> dict:
+    """The unfinished run `resume` continues: its checkpoint, its token NLLs as `TokenNLL`s under `token_nll`; a
+    `UsageError` naming why when `output_dir` holds none, a finished one, or one of other settings."""
+    path = output_dir / CHECKPOINT
+    if not path.is_file():
+        raise UsageError(f"--resume: {output_dir} holds no book run to continue (no {CHECKPOINT})")
+    checkpoint = json.loads(path.read_text())
+    results = output_dir / "results.json"
+    if results.is_file() and json.loads(results.read_text()).get("finished"):
+        raise UsageError(f"--resume: the run in {output_dir} is finished; nothing to continue")
+    expected = checkpoint_key(settings, source)
+    differing = sorted(k for k in expected["settings"] if checkpoint["settings"].get(k) != expected["settings"][k])
+    differing += ["model"] if checkpoint["source"] != expected["source"] else []
+    if differing:
+        raise UsageError(
+            f"--resume: the run in {output_dir} has other settings ({', '.join(differing)} differ); give the same "
+            "options, or start a new run in another folder"
+        )
+    tensors = load_file(str(output_dir / "checkpoint.safetensors"))
+    token_nll: dict[str, list[TokenNLL]] = {}
+    for key in sorted(tensors, key=lambda k: (k.rsplit("/", 2)[0], int(k.rsplit("/", 2)[1]))):
+        read, index, part = key.rsplit("/", 2)
+        if part == "nll":
+            token_nll.setdefault(read, []).append(TokenNLL(tensors[key], tensors[f"{read}/{index}/window_position"]))
+    return {**checkpoint, "token_nll": token_nll}
+
+
+def prepare_book_run(settings: BookReproductionSettings, output_dir: Path, overwrite: bool, resume: bool) -> BookRun:
+    """Load and check everything before any training, prepare `output_dir` (or, `resume`, read the checkpoint of the
+    run it holds), and print what the run reads."""
+    if overwrite and resume:
+        raise UsageError("--overwrite starts the run again and --resume continues it: give one of them")
     start = time.perf_counter()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     try:  # a missing optional reader (gguf, rdata) or the model's package is a set-up mistake: say which to install
@@ -879,11 +957,15 @@ def prepare_book_run(settings: BookReproductionSettings, output_dir: Path, overw
     except (ImportError, FileNotFoundError) as error:
         raise UsageError(str(error)) from None
     stock, tokenizer, source = model["stock"], model["tokenizer"], model["source"]
+    earlier: dict = {"stages": [], "rows": [], "token_nll": {}, "extra": {}, "minutes": 0.0}
+    if resume:
+        earlier = read_checkpoint(output_dir, settings, source)
     documents, words, read = held_out_documents_and_words(settings, tokenizer)
     stream = token_stream([book.text for book in train_books], tokenizer)
     probe = name_probe(settings, tokenizer) if settings.probe_fraction else None
-    prepare_output_dir(output_dir, BOOK_REPORT_FILES, writer="hf-recurrence reproduce", overwrite=overwrite)
-    write_austen_split_manifest(output_dir / "split.json")
+    if not resume:
+        prepare_output_dir(output_dir, BOOK_REPORT_FILES, writer="hf-recurrence reproduce", overwrite=overwrite)
+        write_austen_split_manifest(output_dir / "split.json")
     stock.requires_grad_(False)
     stock.to(device)
     run = BookRun(
@@ -893,9 +975,15 @@ def prepare_book_run(settings: BookReproductionSettings, output_dir: Path, overw
         words=words,
         stream=stream,
         probe=probe,
-        start=start,
+        start=start - 60 * earlier["minutes"],  # the run's minutes count every sitting's
+        rows=earlier["rows"],
+        token_nll=earlier["token_nll"],
+        extra=earlier["extra"],
+        finished_stages=earlier["stages"],
         **model,
     )
+    if resume:
+        print(f"Resuming the run in {output_dir}: {', '.join(run.finished_stages) or 'no stage'} finished before")
     run.extra.update(held_out=read, train_tokens_per_arm=run.train_tokens, device=device)
     block_tokens = settings.windows_per_block * settings.window_size
     print(
@@ -984,27 +1072,25 @@ def run_baseline_and_references(run: BookRun) -> None:
         )
 
 
-def run_trained_arms(run: BookRun) -> None:
-    """Each trained arm (recurrent, control), its recurrence weights saved, read at overlap 0; the recurrent arm also
-    read with another row's `h_prev` (shuffled) when there are several documents."""
-    for name, recurrence_input in TRAINED_ARMS.items():
-        print(
-            f"[{name}] training the recurrence module (recurrence_input={recurrence_input!r}), backbone "
-            f"{run.settings.backbone}"
-        )
-        model, loss, minutes = run.train(name, recurrence_input)
-        save_file(
-            {k: v.contiguous() for k, v in model.recurrence.state_dict().items()},
-            str(run.output_dir / f"recurrence_{name}.safetensors"),
-            metadata={"recurrence_input": recurrence_input, "source": run.source},
-        )
-        run.extra[f"{name}_train_minutes"] = minutes
-        run.evaluate(model, name, 0, train_loss=loss, tokens=run.train_tokens)
-        run.score_probe(model, name)
-        if name == "recurrent" and len(run.documents) > 1:
-            with h_prev_from_another_row(model):
-                run.evaluate(model, "shuffled", 0, train_loss=loss, tokens=run.train_tokens)
-        del model
+def run_trained_arm(run: BookRun, name: str, recurrence_input: str) -> None:
+    """A trained arm (`TRAINED_ARMS`: recurrent, control), its recurrence weights saved, read at overlap 0; the
+    recurrent arm also read with another row's `h_prev` (shuffled) when there are several documents."""
+    print(
+        f"[{name}] training the recurrence module (recurrence_input={recurrence_input!r}), backbone "
+        f"{run.settings.backbone}"
+    )
+    model, loss, minutes = run.train(name, recurrence_input)
+    save_file(
+        {k: v.contiguous() for k, v in model.recurrence.state_dict().items()},
+        str(run.output_dir / f"recurrence_{name}.safetensors"),
+        metadata={"recurrence_input": recurrence_input, "source": run.source},
+    )
+    run.extra[f"{name}_train_minutes"] = minutes
+    run.evaluate(model, name, 0, train_loss=loss, tokens=run.train_tokens)
+    run.score_probe(model, name)
+    if name == "recurrent" and len(run.documents) > 1:
+        with h_prev_from_another_row(model):
+            run.evaluate(model, "shuffled", 0, train_loss=loss, tokens=run.train_tokens)
 
 
 def book_comparisons(token_nll: dict, settings: BookReproductionSettings) -> tuple[dict, float | None]:
