@@ -12,7 +12,14 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    TrainerCallback,
+)
 
 from hf_recurrence.cli import main
 from hf_recurrence.commands.reproduce import BOOK_PRESETS
@@ -23,6 +30,7 @@ from hf_recurrence.evaluation import TokenNLL, WindowPrefixed, flops_per_token, 
 from hf_recurrence.evaluation.carried import TokenWords, carried_token_mask, token_words
 from hf_recurrence.experiments import book_reproduction
 from hf_recurrence.experiments.book_reproduction import BookReproductionSettings
+from hf_recurrence.experiments.training import logged_loss_sum
 from hf_recurrence.outputs import UsageError
 
 from ..common import REPO_ROOT, TINY_BACKBONE, TINY_LLAMA, austen_books_or_skip, stdlib_tokenizer
@@ -176,26 +184,44 @@ def test_a_resumed_run_trains_only_the_unfinished_arms_and_records_what_one_sitt
     books_available, tiny_llama_folder, tmp_path, capsys, monkeypatch
 ):
     def reproduce(out, *options):
+        # LoRA in every arm: what a checkpoint keeps is PEFT's adapter and, beside it, the recurrence module.
         return main(["reproduce", "--preset", "smollm2", "--model_name_or_path", str(tiny_llama_folder),
-                     "--output_dir", str(out), *TINY_RUN, *options])  # fmt: skip
+                     "--output_dir", str(out), *TINY_RUN, "--backbone", "lora", *options])  # fmt: skip
 
     assert reproduce(tmp_path / "whole") == 0
+    assert (
+        "Plan: 3 trainings of 3 steps (baseline, recurrent, control), then 9 evaluations\n" in capsys.readouterr().out
+    )
     trained = []
     train_arm = book_reproduction.train_arm
 
-    def stopping_train_arm(stock, recurrence_input, *args, **kwargs):
+    class StopAtStep2(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                raise KeyboardInterrupt  # before the Trainer's save of step 2: step 1's checkpoint is the last
+
+    def stopping_train_arm(stock, recurrence_input, *args, callbacks=(), **kwargs):
         trained.append(recurrence_input)
-        if recurrence_input == "zeros" and stop:
-            raise KeyboardInterrupt  # the sitting ends while the control trains
-        return train_arm(stock, recurrence_input, *args, **kwargs)
+        if recurrence_input == stop:  # the sitting ends in the middle of this arm's training
+            callbacks = [*callbacks, StopAtStep2()]
+        return train_arm(stock, recurrence_input, *args, callbacks=callbacks, **kwargs)
 
     monkeypatch.setattr(book_reproduction, "train_arm", stopping_train_arm)
-    stop, out = True, tmp_path / "sittings"
+    stop, out = "window", tmp_path / "sittings"
     with pytest.raises(KeyboardInterrupt):
         reproduce(out)
-    assert trained == [None, "window", "zeros"]  # the frozen baseline's call trains nothing
+    assert trained == [None, "window"]
+    assert json.loads((out / "checkpoint.json").read_text())["stages"] == ["baseline"]
+    assert [p.name for p in (out / "training_recurrent").iterdir()] == ["checkpoint-1"]
+    # The second sitting continues the recurrent arm's training from its step 1, and ends in the control's.
+    stop, trained[:] = "zeros", []
+    with pytest.raises(KeyboardInterrupt):
+        reproduce(out, "--resume")
+    assert trained == ["window", "zeros"]
+    assert "resuming the training from step 1 of 3" in capsys.readouterr().out
     assert json.loads((out / "checkpoint.json").read_text())["stages"] == ["baseline", "recurrent"]
-    capsys.readouterr()
+    assert sorted(p.name for p in out.glob("training_*")) == ["training_control"]  # the recurrent's are gone
+    trained[:] = []
     # Refused, naming why, before any work: other settings, both --resume and --overwrite, nothing to continue.
     assert reproduce(out, "--resume", "--max_steps", "4") == 2
     assert "other settings (max_steps differ)" in capsys.readouterr().err
@@ -205,19 +231,35 @@ def test_a_resumed_run_trains_only_the_unfinished_arms_and_records_what_one_sitt
     assert "holds no book run to continue (no checkpoint.json)" in capsys.readouterr().err
     assert main(["reproduce", "--preset", "smoke", "--output_dir", str(out), "--resume"]) == 2
     assert "--resume continues a long-books run" in capsys.readouterr().err
-    assert trained == [None, "window", "zeros"]
+    assert trained == []
 
-    stop, trained[:] = False, []
+    stop = None
     assert reproduce(out, "--resume") == 0
     printed = capsys.readouterr().out
     assert "Resuming the run in" in printed and "[recurrent] finished by an earlier run" in printed
+    assert "Plan: 1 training of 3 steps (control), then 1 evaluation\n" in printed  # what is left, not the whole run
+    assert "resuming the training from step 1 of 3" in printed
     assert trained == ["zeros"]  # only the unfinished stage
+    assert not list(out.glob("training_*"))
     whole, resumed = (json.loads((folder / "results.json").read_text()) for folder in (tmp_path / "whole", out))
     assert resumed["finished"] and resumed["minutes"] > 0
+    assert resumed["recurrent_train_minutes"] > 0 and resumed["control_train_minutes"] > 0
     for key in ("rows", "comparisons", "carried_tokens", "nll_by_window_position", "carried_gain_lost_when_shuffled"):
         assert _close(resumed[key], whole[key]), key
     assert reproduce(out, "--resume") == 2
     assert "is finished; nothing to continue" in capsys.readouterr().err
+
+
+def test_the_training_loss_so_far_is_the_sum_of_the_logged_means():
+    history = [
+        {"loss": 2.0, "step": 2},
+        {"loss": 1.0, "step": 5},
+        {"eval_loss": 9.0, "step": 5},
+        {"loss": 4.0, "step": 6},
+    ]
+    assert logged_loss_sum(history, 5) == 2.0 * 2 + 1.0 * 3
+    with pytest.raises(ValueError, match="no training loss logged at step 4 \\(the last at 2\\)"):
+        logged_loss_sum(history, 4)
 
 
 @pytest.fixture(scope="module")

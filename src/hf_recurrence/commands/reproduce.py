@@ -8,8 +8,8 @@ the recurrent model's gain split into learned constant (control vs baseline) and
 control) with paired bootstrap intervals, and writes results.json, results.md and the Figure 5-shaped
 perplexity_vs_flops.png.
 The settings, the model and --output_dir (empty, unless --overwrite) are checked before any training, and the
-results are written after each evaluation; a long-books run also keeps a checkpoint after each arm, which --resume
-continues from.
+results are written after each evaluation; a long-books run also keeps a checkpoint after each arm and inside each
+training (every tenth of its steps), which --resume continues from.
 
 Presets: `default` (about 10.5 minutes on 2 idle CPU cores; a busy machine takes several times that), `smoke` (seconds: a wiring check, numbers meaningless) and
 `paper` (GPT-2 small with 300-token windows and the paper's overlaps; for a GPU and a model from the Hub). Any option
@@ -106,7 +106,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resume",
         action="store_true",
         help="(smollm2, gemma3) Continue the unfinished run in output_dir, given the same options, from its last "
-        "finished stage (the baseline and reference rows, then each trained arm): a run longer than one sitting.",
+        "finished stage (the baseline and reference rows, then each trained arm) and that stage's training from its "
+        "last checkpoint (every tenth of its steps): a run longer than one sitting.",
     )
 
 

@@ -28,6 +28,7 @@ import copy
 import json
 import math
 import re
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
@@ -77,7 +78,7 @@ from ..weights import (
     smollm2_gguf_path,
 )
 from .reproduction import TRAINED_ARMS, findings, finish_run, overlap_tokens, report_header
-from .training import RunProgress, fine_tune
+from .training import RunProgress, TrainingCheckpoints, fine_tune
 
 
 # What the book reproduction writes into its output folder (removed first under --overwrite).
@@ -90,6 +91,7 @@ BOOK_REPORT_FILES = (
     "recurrence_*.safetensors",
     "checkpoint.json",
     "checkpoint.safetensors",
+    "training_*",
 )
 
 # What `--resume` continues from: the settings, the stages finished and what they recorded (rows, extra fields;
@@ -501,6 +503,7 @@ def train_arm(
     settings: BookReproductionSettings,
     window_start_ids: Sequence[int] = (),
     callbacks: Sequence[TrainerCallback] = (),
+    checkpoints: TrainingCheckpoints | None = None,
     **config_overrides,
 ) -> tuple[PreTrainedModel, float | None, float]:
     """One arm on a copy of `stock`, trained with the stock Trainer; returns the model (LoRA merged in), the final
@@ -515,6 +518,9 @@ def train_arm(
     recurrent arm's windows are that many positions longer.
 
     `callbacks`: the Trainer's (a `RunProgress` pace).
+
+    `checkpoints`: keep the training resumable in its folder and continue from the checkpoint it holds; the minutes
+    returned are then every sitting's.
 
     `config_overrides`: further `RecurrentDecoderConfig` fields (e.g. `h_prev_rope_position=-1`) for ablations.
     """
@@ -545,11 +551,19 @@ def train_arm(
     )
     start = time.perf_counter()
     loss = fine_tune(
-        trained, blocks, settings, collator=collator, parameter_groups=groups, bf16=settings.bf16, callbacks=callbacks
+        trained,
+        blocks,
+        settings,
+        collator=collator,
+        parameter_groups=groups,
+        bf16=settings.bf16,
+        callbacks=callbacks,
+        checkpoints=checkpoints,
     )
+    minutes = checkpoints.minutes() if checkpoints is not None else (time.perf_counter() - start) / 60
     if trained is not model:  # PEFT's wrapper: LoRA merged into the weights, the plain model back
         trained = trained.merge_and_unload()
-    return trained.requires_grad_(False).eval(), loss, (time.perf_counter() - start) / 60
+    return trained.requires_grad_(False).eval(), loss, minutes
 
 
 def fan_in_init_(recurrence: nn.Module) -> None:
@@ -808,12 +822,18 @@ class BookRun:
         """Run one stage of the run (the baseline with the reference rows, or a trained arm: its training and reads),
         unless an earlier run of this folder finished it (`--resume`); then keep what the run has so far in the
         checkpoint."""
-        if name in self.finished_stages:
+        if name not in self.finished_stages:
+            work()
+            self.finished_stages.append(name)
+            self.save_checkpoint()
+        else:
             print(f"[{name}] finished by an earlier run of {self.output_dir}: its reads are kept, not redone")
-            return
-        work()
-        self.finished_stages.append(name)
-        self.save_checkpoint()
+        # The stage's training checkpoints are no longer needed once the stage is in the run's checkpoint.
+        shutil.rmtree(self.training_folder(name), ignore_errors=True)
+
+    def training_folder(self, name: str) -> Path:
+        """Where training `name` keeps its checkpoints while it runs (`TrainingCheckpoints`)."""
+        return self.output_dir / f"training_{name}"
 
     def save_checkpoint(self) -> None:
         tensors = {
@@ -856,7 +876,13 @@ class BookRun:
         trains = recurrence_input is not None or self.settings.backbone != "frozen"
         callbacks = [self.progress.start(name)] if trains else []
         return train_arm(
-            self.stock, recurrence_input, self.training_data(), self.settings, self.starts, callbacks=callbacks
+            self.stock,
+            recurrence_input,
+            self.training_data(),
+            self.settings,
+            self.starts,
+            callbacks=callbacks,
+            checkpoints=TrainingCheckpoints(self.training_folder(name)) if trains else None,
         )
 
     def training_data(self) -> list[int] | FactProbeCurriculum:
@@ -992,8 +1018,7 @@ def prepare_book_run(settings: BookReproductionSettings, output_dir: Path, overw
         f"{settings.batch_size} blocks x {block_tokens} tokens = {run.train_tokens:,} tokens. Held-out: "
         + ", ".join(f"{r['title']} ({r['tokens_read']:,} of {r['book_tokens']:,} tokens)" for r in read)
     )
-    evaluations = len(settings.overlap_fractions) + len(reference_prefixes(tokenizer, settings)) + len(TRAINED_ARMS)
-    print(run.progress.plan(evaluations + (len(documents) > 1)))
+    print(run.progress.plan(evaluations_left(run)))
     announce_window_start(tokenizer, run.starts)
     return run
 
@@ -1044,6 +1069,16 @@ def announce_window_start(tokenizer: PreTrainedTokenizerBase, starts: list[int])
             "reads windows without it (window_start=bare), so each arm's training must first teach the model to read a "
             "bare window"
         )
+
+
+def evaluations_left(run: BookRun) -> int:
+    """The reads the run's unfinished stages make: the baseline's at every overlap and the reference rows; one per
+    trained arm, and the recurrent arm's shuffled read when there are several documents."""
+    per_stage = {
+        "baseline": len(run.settings.overlap_fractions) + len(reference_prefixes(run.tokenizer, run.settings)),
+        **{name: 1 + (name == "recurrent" and len(run.documents) > 1) for name in TRAINED_ARMS},
+    }
+    return sum(count for stage, count in per_stage.items() if stage not in run.finished_stages)
 
 
 def run_baseline_and_references(run: BookRun) -> None:
