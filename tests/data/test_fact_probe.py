@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer
 
-from hf_recurrence.data.fact_probe import PLANT, FactProbe, FactProbeCurriculum
+from hf_recurrence.data.fact_probe import PLANT, FactProbe, FactProbeCurriculum, _read_as_text
 from hf_recurrence.experiments.training import short_run_arguments
 
 from ..common import TINY_LLAMA, stdlib_tokenizer
@@ -141,3 +141,27 @@ def test_longer_blocks_lead_with_running_text_and_plant_the_name_one_boundary_be
         assert example["name"] == two.draw(i)["name"]
     with pytest.raises(ValueError, match="windows must be an integer of at least 2"):
         FactProbeCurriculum(stream, tokenizer, WINDOW, 8, windows=1)
+
+
+@pytest.mark.parametrize("recurrent", [True, False])
+def test_with_window_start_ids_the_probe_is_read_as_the_book_runs_read_text(tokenizer, recurrent):
+    # Gemma's <bos> before every window (`window_start="text_start"`): a recurrent model reads both windows each begun
+    # by the start ids, a stock model window 2 alone after them; the start ids predict nothing, the name stays labelled.
+    probe = FactProbe(random_stream(4), tokenizer, WINDOW, num_examples=3)
+    starts = (301, 302)
+    ids, labels = _read_as_text(probe.examples, WINDOW, recurrent, starts)
+    windows = 2 if recurrent else 1
+    assert ids.shape == labels.shape == (3, windows * (len(starts) + WINDOW))
+    for row, example in enumerate(probe.examples):
+        read = [example["input_ids"][k * WINDOW : (k + 1) * WINDOW] for k in range(2)][-windows:]
+        expected = torch.cat([torch.cat([torch.tensor(starts), window]) for window in read])
+        assert torch.equal(ids[row], expected)
+        assert (labels[row].view(windows, -1)[:, : len(starts)] == -100).all()
+        name = example["labels"][example["labels"] != -100]
+        labelled = labels[row] != -100
+        assert torch.equal(labels[row][labelled], name)  # the name's tokens, and only they, labelled
+        assert torch.equal(ids[row][labelled], name)  # where the name is read
+    # Without start ids a stock model reads window 2 exactly as it is.
+    bare_ids, bare_labels = _read_as_text(probe.examples, WINDOW, recurrent, ())
+    assert torch.equal(bare_ids, torch.stack([e["input_ids"] for e in probe.examples])[:, -windows * WINDOW :])
+    assert torch.equal(bare_labels, torch.stack([e["labels"] for e in probe.examples])[:, -windows * WINDOW :])

@@ -120,8 +120,9 @@ def test_three_arms_end_to_end(books_available, tiny_llama_folder, tmp_path, cap
     assert not torch.equal(recurrent["ffn.0.weight"], control["ffn.0.weight"])
 
 
+@pytest.mark.parametrize("window_start", ["bare", "text_start"])
 def test_a_probe_fraction_trains_every_arm_on_the_name_probe_curriculum_and_scores_its_recall(
-    books_available, tmp_path, capsys, monkeypatch
+    books_available, tmp_path, capsys, monkeypatch, window_start
 ):
     # Windows long enough for the planted sentence ("The stranger's name was ...", 27 tokens of this tokenizer).
     model_folder = tmp_path / "llama"
@@ -136,12 +137,23 @@ def test_a_probe_fraction_trains_every_arm_on_the_name_probe_curriculum_and_scor
         served.append(data)
         return train_arm(stock, recurrence_input, data, settings, *args, **kwargs)
 
+    scored_with_starts = []
+    fact_nll = book_reproduction.fact_nll
+
+    def recording_fact_nll(*args, window_start_ids=(), **kwargs):
+        scored_with_starts.append(list(window_start_ids))
+        return fact_nll(*args, window_start_ids=window_start_ids, **kwargs)
+
     monkeypatch.setattr(book_reproduction, "train_arm", recording_train_arm)
+    monkeypatch.setattr(book_reproduction, "fact_nll", recording_fact_nll)
     monkeypatch.setattr(book_reproduction, "PROBE_EXAMPLES", 6)
+    # As Gemma's tokenizer does: a start token (here id 0) before every text.
+    monkeypatch.setattr(book_reproduction, "text_start_tokens", lambda tokenizer, text="text": [0])
     out = tmp_path / "run"
     run = ["--window_size", "40", "--windows_per_block", "3", "--batch_size", "2", "--max_steps", "2",
            "--warmup_steps", "0", "--eval_tokens_per_book", "90", "--segment_tokens", "20", "--num_resamples", "20",
-           "--insertion_layer", "1", "--probe_fraction", "0.5", "--memory", "select"]  # fmt: skip
+           "--insertion_layer", "1", "--probe_fraction", "0.5", "--memory", "select",
+           "--window_start", window_start]  # fmt: skip
     status = main(["reproduce", "--preset", "smollm2", "--model_name_or_path", str(model_folder),
                    "--output_dir", str(out), *run])  # fmt: skip
     assert status == 0
@@ -160,6 +172,9 @@ def test_a_probe_fraction_trains_every_arm_on_the_name_probe_curriculum_and_scor
             assert 0 <= scores["recalled"] <= 1 and scores["name_nll"] > 0
     # The zero-input control reads no window: another example's memory is its own.
     assert probe["control"]["own"] == probe["control"]["swapped"]
+    # The probe is read as the arms read text: every window begun by the text start, or bare.
+    expected_starts = [0] if window_start == "text_start" else []
+    assert scored_with_starts == [expected_starts] * 5  # baseline; recurrent and control, own and swapped
     report = (out / "results.md").read_text()
     assert "recurrent name probe: recall " in report and "with another example's memory" in report
     assert "control name probe: recall" in capsys.readouterr().out
@@ -348,7 +363,6 @@ def test_a_family_beyond_llama_runs_with_its_flops_count(books_available, tmp_pa
         (["--memory", '{"memory_slot": 2}'], "['memory_slot'] are not recurrence settings"),
         (["--memory", '{"window_size": 4}'], "sets ['window_size'], which the run sets for every trained arm"),
         (["--probe_fraction", "1.5"], "probe_fraction must lie in [0, 1], got probe_fraction=1.5"),
-        (["--probe_fraction", "0.5", "--window_start", "text_start"], "scores the name probe on bare windows"),
     ],
 )
 def test_bad_options_are_refused_before_any_work(options, message, tmp_path, capsys):

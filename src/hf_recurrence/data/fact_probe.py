@@ -24,6 +24,7 @@ from torch.utils.data import Dataset, IterableDataset
 from transformers import PreTrainedTokenizerBase
 
 from ..evaluation import RECURRENT_MODEL_TYPES
+from .blocks import WindowedBlocksCollator
 
 
 SYLLABLES = ("ka", "lo", "mer", "vin", "dra", "sol", "qui", "ten", "bar", "zel", "ron", "fi", "gus", "hal", "nor")
@@ -236,20 +237,36 @@ class FactProbeCurriculum(IterableDataset):
         return (self[i] for i in range(self.num_examples))
 
 
+def _read_as_text(
+    examples: list[dict[str, torch.Tensor]], window_size: int, recurrent: bool, window_start_ids: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ids and labels a model reads `examples` as: a recurrent model both windows, a stock model window 2 alone;
+    with `window_start_ids` (e.g. Gemma's `<bos>`) before every window, as the book runs read (`WindowedBlocksCollator`,
+    whose start ids predict nothing)."""
+    starts = tuple(window_start_ids)
+    if recurrent and not starts:
+        return torch.stack([e["input_ids"] for e in examples]), torch.stack([e["labels"] for e in examples])
+    collate = WindowedBlocksCollator(window_size, window_start_ids=starts, independent_windows=not recurrent)
+    batch = collate(examples)
+    if recurrent:
+        return batch["input_ids"], batch["labels"]  # (batch, 2 * (starts + window))
+    # (batch * 2, starts + window): each example's windows read alone; window 2 of each
+    return batch["input_ids"][1::2], batch["labels"][1::2]
+
+
 def _scored_batches(
-    model, probe: FactProbe, window_size: int, batch_size: int
+    model, probe: FactProbe, window_size: int, batch_size: int, window_start_ids: Sequence[int] = ()
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Per batch of `probe`'s examples, read as the model reads text (a recurrent model both windows with its state
-    carried, a stock model window 2 alone: `model.config.model_type` decides, as in `windowed_perplexity`): the NLL of
-    every predicted token, which of them are name tokens, and which are the argmax, (batch, length - 1) each."""
+    carried, a stock model window 2 alone: `model.config.model_type` decides, as in `windowed_perplexity`; every window
+    begun by `window_start_ids`): the NLL of every predicted token, which of them are name tokens, and which are the
+    argmax, (batch, length - 1) each."""
     recurrent = model.config.model_type in RECURRENT_MODEL_TYPES
     with torch.no_grad():
         for first in range(0, len(probe), batch_size):
             batch = probe.examples[first : first + batch_size]
-            ids = torch.stack([e["input_ids"] for e in batch]).to(model.device)  # (batch, 2 * window)
-            labels = torch.stack([e["labels"] for e in batch]).to(model.device)
-            if not recurrent:
-                ids, labels = ids[:, window_size:], labels[:, window_size:]  # window 2 alone
+            ids, labels = _read_as_text(batch, window_size, recurrent, window_start_ids)
+            ids, labels = ids.to(model.device), labels.to(model.device)
             logits = model(ids).logits[:, :-1].float()  # (batch, length - 1, vocab)
             targets = labels[:, 1:]
             scored = targets != -100
@@ -257,12 +274,15 @@ def _scored_batches(
             yield nll, scored, logits.argmax(-1) == targets
 
 
-def fact_nll(model, probe: FactProbe, window_size: int, batch_size: int = 8) -> tuple[float, float]:
+def fact_nll(
+    model, probe: FactProbe, window_size: int, batch_size: int = 8, window_start_ids: Sequence[int] = ()
+) -> tuple[float, float]:
     """Mean NLL per name token (nats) and the share of examples whose every name token is the argmax, reading each
     example as the model reads text: a recurrent model both windows with its state carried, a stock model window 2
-    alone (`model.config.model_type` decides, as in `windowed_perplexity`)."""
+    alone (`model.config.model_type` decides, as in `windowed_perplexity`); every window begun by `window_start_ids`
+    (none: bare windows)."""
     total, count, recalled = 0.0, 0, 0
-    for nll, scored, argmax in _scored_batches(model, probe, window_size, batch_size):
+    for nll, scored, argmax in _scored_batches(model, probe, window_size, batch_size, window_start_ids):
         total += float(nll[scored].sum())
         count += int(scored.sum())
         recalled += int((argmax | ~scored).all(dim=1).sum())

@@ -281,11 +281,6 @@ class BookReproductionSettings:
         memory_settings(self.memory)  # a bad spec refused before anything loads
         if isinstance(self.probe_fraction, bool) or not 0 <= self.probe_fraction <= 1:
             raise UsageError(f"probe_fraction must lie in [0, 1], got probe_fraction={self.probe_fraction!r}")
-        if self.probe_fraction and self.window_start != "bare":
-            raise UsageError(
-                f"probe_fraction={self.probe_fraction} scores the name probe on bare windows; got "
-                f"window_start={self.window_start!r} (use window_start='bare')"
-            )
         for name in ("learning_rate", "backbone_learning_rate"):
             if not getattr(self, name) > 0:
                 raise UsageError(f"{name} must be positive, got {name}={getattr(self, name)!r}")
@@ -908,10 +903,10 @@ class BookRun:
         if self.probe is None:
             return
         window = self.settings.window_size
-        readers = {"own": fact_nll(model, self.probe, window)}
+        readers = {"own": fact_nll(model, self.probe, window, window_start_ids=self.starts)}
         if model.config.model_type in RECURRENT_MODEL_TYPES:
             with h_prev_from_another_row(model):
-                readers["swapped"] = fact_nll(model, self.probe, window)
+                readers["swapped"] = fact_nll(model, self.probe, window, window_start_ids=self.starts)
         scores = {reader: {"name_nll": nll, "recalled": recalled} for reader, (nll, recalled) in readers.items()}
         self.extra.setdefault("name_probe", {})[name] = scores
         print(f"  {name_probe_line(name, scores)}", flush=True)
