@@ -136,13 +136,15 @@ def test_goal_lines_fail_where_a_goal_is_not_reached():
     assert len(lines) == 3 * 5 + 1
 
 
-def test_progress_reports_the_pace_every_n_steps(capsys):
+@pytest.mark.parametrize("resumed_at, reported", [(0, ["10", "25", "50", "75"]), (40, ["50", "75"])])
+def test_progress_reports_the_pace_every_n_steps(capsys, resumed_at, reported):
+    # A training resumed from a checkpoint at step 40 reports its first pace 10 steps into the sitting.
     pace = RunProgress(["a", "b"], steps_per_training=100, every=25).start("a")
-    pace.on_train_begin(None, None, None)
-    for step in range(1, 101):
+    pace.on_train_begin(None, SimpleNamespace(global_step=resumed_at), None)
+    for step in range(resumed_at + 1, 101):
         pace.on_step_end(None, SimpleNamespace(global_step=step, max_steps=100), None)
     lines = [line for line in capsys.readouterr().out.splitlines() if "s a step after" in line]
-    assert [line.split("after ")[1].split(" steps")[0] for line in lines] == ["10", "25", "50", "75"]
+    assert [line.split("after ")[1].split(" steps")[0] for line in lines] == reported
     assert all("of training left in this run" in line for line in lines)
 
 
