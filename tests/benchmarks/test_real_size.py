@@ -70,6 +70,15 @@ def test_decode_and_training_write_their_fields_and_ours_decodes_stocks_greedy_t
     assert any("batch 2, 40 new tokens: stock not run" in line for line in recorded["text"]["stock_limits"])
 
 
+def test_a_folder_with_only_a_config_runs_that_shape_with_random_weights(tmp_path):
+    folder = tmp_path / "tiny-config"
+    LlamaConfig(**{**TINY_LLAMA, "max_position_embeddings": WINDOW}).save_pretrained(folder)
+    recorded = run(folder, tmp_path, "--parts", "decode", "--batch-sizes", "1", "--new-tokens", "20", "--repeats", "1")
+    assert recorded["values"]["model"] == f"random weights in the shape of {folder}/config.json"
+    cell = recorded["values"]["decode"]["batch 1, 20 new tokens"]
+    assert cell["ours default tokens == stock default tokens, first window"] is True
+
+
 @pytest.mark.slow  # four fresh processes: most of a minute, mostly importing torch
 def test_cold_start_and_prefill_write_their_fields(tiny_stock, tmp_path):
     cold = ["--parts", "cold_start", "prefill", "--cold-start-batches", "1", "--cold-start-tokens", "4"]
