@@ -82,6 +82,36 @@ def test_in_place_single_token_step_advances_the_state_as_the_eager_path(family,
             torch.testing.assert_close(buffer * valid, expected_buffer * valid)
 
 
+def test_the_compiled_step_reads_and_writes_the_models_static_tensors_and_hands_them_over_between_states():
+    """CUDA graphs replay a compiled step only where the tensors it writes are static: the state decodes in the
+    model's pinned tensors, marked static; the next generate() of the same shapes takes them over, and the state that
+    held them keeps copies of its own, unchanged."""
+    torch._dynamo.reset()
+    model, _ = BY_NAME["llama"].models(window_overlap=2)
+    ids, mask = left_padded_prompts(model.config.text_config.vocab_size)
+    config = CompileConfig(backend="eager", fullgraph=True)
+    config._compile_all_devices = True
+    first = getattr(greedy(model, ids, mask, cache_implementation="static", compile_config=config), STATE_NAME)
+    pins = model._step_pins["tensors"]
+    assert all(t._dynamo_static_input_type for t in pins)
+    # The window buffers are written in place by every step; the last step may have run eagerly (a new window),
+    # binding new tensors for the rest.
+    assert all(any(t is key for t in pins) for key in first.keys + first.values)
+    kept = {name: getattr(first, name).clone() for name in ("fill", "slot_valid", "pooled_sum", "h_prev")}
+    kept_keys = [k.clone() for k in first.keys]
+
+    second = greedy(model, ids.flip(0), mask.flip(0), cache_implementation="static", compile_config=config)
+    state = getattr(second, STATE_NAME)
+    assert model._step_pins["tensors"] is pins and all(any(t is key for t in pins) for key in state.keys)
+    assert not any(t is key for t in pins for key in first.keys + first.values)
+    for name, value in kept.items():
+        torch.testing.assert_close(getattr(first, name), value, rtol=0, atol=0)
+    for key, value in zip(first.keys, kept_keys, strict=True):
+        torch.testing.assert_close(key, value, rtol=0, atol=0)
+    eager = greedy(model, ids.flip(0), mask.flip(0), cache_implementation="static")
+    torch.testing.assert_close(second.sequences, eager.sequences, rtol=0, atol=0)
+
+
 def test_fixed_shape_cache_is_refused_beside_a_given_state():
     model, _ = BY_NAME["llama"].models()
     ids, mask = left_padded_prompts(model.config.text_config.vocab_size)

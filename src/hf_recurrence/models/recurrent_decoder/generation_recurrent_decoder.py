@@ -25,6 +25,7 @@ torch.Size([1, 40])
 
 import functools
 import json
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -193,6 +194,7 @@ def _fixed_shape_decode(
         return None
     h_prev_kv = state.h_prev_key_value(model)
     state.leave_lockstep()
+    _pin_step_tensors(model, state)
     step = _compiled_decode(model, state.compile_config)
     logits = step(
         _decode_settings(state.window_size),
@@ -214,6 +216,70 @@ def _fixed_shape_decode(
     state._fill_bound += 1
     state.seen_tokens += 1
     return logits
+
+
+# The state's tensors the compiled single-token step reads and writes: (attribute, index in its list or None).
+_STEP_TENSORS = (
+    "fill",
+    "slot_valid",
+    "window_index",
+    "h_prev",
+    "pooled_sum",
+    "pooled_weight",
+    "pooled_reference",
+    "overlap_embeds",
+    "overlap_valid",
+)
+
+
+def _step_tensor_places(state: RecurrentDecoderState) -> list[tuple[str, int | None]]:
+    return [(name, None) for name in _STEP_TENSORS] + [
+        (name, i) for name in ("keys", "values") for i in range(len(getattr(state, name)))
+    ]
+
+
+def _get_step_tensor(state: RecurrentDecoderState, place: tuple[str, int | None]) -> torch.Tensor:
+    name, index = place
+    return getattr(state, name) if index is None else getattr(state, name)[index]
+
+
+def _set_step_tensor(state: RecurrentDecoderState, place: tuple[str, int | None], tensor: torch.Tensor) -> None:
+    name, index = place
+    if index is None:
+        setattr(state, name, tensor)
+    else:
+        getattr(state, name)[index] = tensor
+
+
+def _pin_step_tensors(model: PreTrainedModel, state: RecurrentDecoderState) -> None:
+    """Give the tensors the compiled step reads and writes in place fixed addresses: the model's pinned tensors
+    (`torch._dynamo.mark_static_address`), which `state` takes over, its values copied in where an eager step (a new
+    window, the prompt) left new tensors.
+
+    CUDA graphs (the compile mode "reduce-overhead", generate()'s default) replay a compiled step only if the inputs
+    it mutates are static, as the stock static cache's are; the pins stay the model's across generate() calls, so a
+    new call of the same shapes re-records no graph. One state holds the pins at a time: the state that held them
+    before gets copies of its own first.
+    """
+    places = _step_tensor_places(state)
+    tensors = [_get_step_tensor(state, place) for place in places]
+    layout = [(t.shape, t.dtype, t.device) for t in tensors]
+    pins = model.__dict__.get("_step_pins")
+    if pins is None or pins["layout"] != layout:
+        pins = {"layout": layout, "tensors": [torch.empty_like(t) for t in tensors], "holder": None}
+        for pin in pins["tensors"]:
+            torch._dynamo.mark_static_address(pin)
+        model.__dict__["_step_pins"] = pins
+    holder = pins["holder"]() if pins["holder"] is not None else None
+    if holder is not None and holder is not state:
+        for place, pin in zip(places, pins["tensors"], strict=True):
+            if _get_step_tensor(holder, place) is pin:
+                _set_step_tensor(holder, place, pin.clone())
+    for place, pin, tensor in zip(places, pins["tensors"], tensors, strict=True):
+        if tensor is not pin:
+            pin.copy_(tensor)
+            _set_step_tensor(state, place, pin)
+    pins["holder"] = weakref.ref(state)
 
 
 @functools.cache
