@@ -261,12 +261,16 @@ def _pin_step_tensors(model: PreTrainedModel, state: RecurrentDecoderState) -> N
     new call of the same shapes re-records no graph. One state holds the pins at a time: the state that held them
     before gets copies of its own first.
     """
+    pins = model.__dict__.get("_step_pins")
+    if pins is not None and pins["holder"] is not None and pins["holder"]() is state:
+        held = zip(pins["places"], pins["tensors"], strict=True)
+        if all(_get_step_tensor(state, place) is pin for place, pin in held):
+            return  # every token but those after an eager step: nothing to copy, no shapes to compare
     places = _step_tensor_places(state)
     tensors = [_get_step_tensor(state, place) for place in places]
     layout = [(t.shape, t.dtype, t.device) for t in tensors]
-    pins = model.__dict__.get("_step_pins")
     if pins is None or pins["layout"] != layout:
-        pins = {"layout": layout, "tensors": [torch.empty_like(t) for t in tensors], "holder": None}
+        pins = {"places": places, "layout": layout, "tensors": [torch.empty_like(t) for t in tensors], "holder": None}
         for pin in pins["tensors"]:
             torch._dynamo.mark_static_address(pin)
         model.__dict__["_step_pins"] = pins
