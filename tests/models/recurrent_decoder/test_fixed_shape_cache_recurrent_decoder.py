@@ -112,6 +112,20 @@ def test_the_compiled_step_reads_and_writes_the_models_static_tensors_and_hands_
     torch.testing.assert_close(second.sequences, eager.sequences, rtol=0, atol=0)
 
 
+def test_a_compiled_decode_outside_inference_mode_after_one_inside_it_writes_pins_of_its_own():
+    """Pins made under inference_mode are inference tensors, which nothing outside it may write in place."""
+    torch._dynamo.reset()
+    model, _ = BY_NAME["llama"].models(window_overlap=2)
+    ids, mask = left_padded_prompts(model.config.text_config.vocab_size)
+    config = CompileConfig(backend="eager", fullgraph=True)
+    config._compile_all_devices = True
+    with torch.inference_mode():
+        inside = greedy(model, ids, mask, cache_implementation="static", compile_config=config)
+    outside = greedy(model, ids, mask, cache_implementation="static", compile_config=config)
+    assert not any(pin.is_inference() for pin in model._step_pins["tensors"])
+    torch.testing.assert_close(outside.sequences, inside.sequences, rtol=0, atol=0)
+
+
 def test_fixed_shape_cache_is_refused_beside_a_given_state():
     model, _ = BY_NAME["llama"].models()
     ids, mask = left_padded_prompts(model.config.text_config.vocab_size)

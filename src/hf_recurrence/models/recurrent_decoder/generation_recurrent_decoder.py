@@ -269,8 +269,11 @@ def _pin_step_tensors(model: PreTrainedModel, state: RecurrentDecoderState) -> N
     places = _step_tensor_places(state)
     tensors = [_get_step_tensor(state, place) for place in places]
     layout = [(t.shape, t.dtype, t.device) for t in tensors]
-    if pins is None or pins["layout"] != layout:
-        pins = {"places": places, "layout": layout, "tensors": [torch.empty_like(t) for t in tensors], "holder": None}
+    inference = torch.is_inference_mode_enabled()
+    # Pins made under inference_mode are inference tensors, which nothing outside it may write: made again then.
+    if pins is None or pins["layout"] != layout or (pins["inference"] and not inference):
+        pins = {"places": places, "layout": layout, "inference": inference, "holder": None}
+        pins["tensors"] = [torch.empty_like(t) for t in tensors]
         for pin in pins["tensors"]:
             torch._dynamo.mark_static_address(pin)
         model.__dict__["_step_pins"] = pins
