@@ -78,6 +78,16 @@ def test_the_curriculum_plants_next_to_the_boundary_first_and_anywhere_in_window
     assert len(set(names)) > 90
 
 
+def test_a_group_size_makes_each_batch_all_probes_or_all_text(tokenizer):
+    data = FactProbeCurriculum(random_stream(1), tokenizer, WINDOW, num_examples=32, probe_fraction=0.5, group_size=4)
+    kinds = [data.draw(i)["probe"] for i in range(len(data))]
+    assert kinds == ([False] * 4 + [True] * 4) * 4
+    quarter = FactProbeCurriculum(random_stream(1), tokenizer, WINDOW, 32, probe_fraction=0.25, group_size=4)
+    assert [quarter.draw(i)["probe"] for i in range(0, 32, 4)] == [False, False, False, True] * 2
+    with pytest.raises(ValueError, match="group_size=0"):
+        FactProbeCurriculum(random_stream(1), tokenizer, WINDOW, 8, group_size=0)
+
+
 @pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5, 1.0])
 def test_the_probe_fraction_holds_in_every_batch_and_lm_blocks_are_labelled_everywhere(tokenizer, fraction):
     stream = random_stream(1)

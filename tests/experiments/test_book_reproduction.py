@@ -160,6 +160,8 @@ def test_a_probe_fraction_trains_every_arm_on_the_name_probe_curriculum_and_scor
     # Every arm (the baseline and the two trained) gets the same curriculum: 3-window blocks, half of them probes.
     assert len(served) == 3 and all(isinstance(data, FactProbeCurriculum) for data in served)
     assert all((data.windows, data.window_size, len(data), data.probe_fraction) == (3, 40, 4, 0.5) for data in served)
+    # Each batch (2 blocks) all text or all probes: a probe's name tokens are not drowned in a batch of text.
+    assert [served[0].draw(i)["probe"] for i in range(4)] == [False, False, True, True]
     assert all(torch.equal(data[i]["labels"], served[0][i]["labels"]) for data in served for i in range(4))
     results = json.loads((out / "results.json").read_text())
     assert results["settings"]["probe_fraction"] == 0.5

@@ -140,8 +140,12 @@ class FactProbeCurriculum(IterableDataset):
     planted sentence ends `d` text tokens before window 1's end, `d` drawn uniformly from `0 .. ceil(reaches[s] *
     text tokens of window 1)`, so training starts with the plant next to the window boundary and ends with it
     anywhere in window 1 (with the default reaches' last stage 1.0, as `FactProbe` plants). Which examples are probe
-    examples is fixed, not drawn: example i is one when `floor((i + 1) * f) > floor(i * f)` for `f = probe_fraction`,
-    so every stretch of examples holds that share to within one (a batch of 8 at 0.5: 4 and 4).
+    examples is fixed, not drawn, by groups of `group_size` consecutive examples: group g is all probe examples when
+    `floor((g + 1) * f) > floor(g * f)` for `f = probe_fraction`, so every stretch of groups holds that share to within
+    one. Give it the training batch size for batches each all probes or all language-model blocks: a causal LM's loss
+    is the mean over a batch's labelled tokens, in which a probe's few name tokens beside language-model blocks' hundreds
+    weigh next to nothing (at 0.5 and 512-token blocks, well under 1% of the loss). `group_size=1`: each example on
+    its own (a batch of 8 at 0.5: 4 and 4).
 
     Each example is drawn from its own generator seeded by (`seed`, i): a fresh invented name and a stretch of
     `stream` at a random offset (the stream is read many times over in a long run). The same arguments give the same
@@ -160,6 +164,7 @@ class FactProbeCurriculum(IterableDataset):
         reaches: the curriculum's stages, increasing fractions in (0, 1] (`CURRICULUM_REACHES`).
         seed: the names, offsets and plant positions.
         windows: windows per example, at least 2.
+        group_size: consecutive examples that are all probes or all language-model blocks (the batch size).
     """
 
     def __init__(
@@ -172,6 +177,7 @@ class FactProbeCurriculum(IterableDataset):
         reaches: Sequence[float] = CURRICULUM_REACHES,
         seed: int = 0,
         windows: int = 2,
+        group_size: int = 1,
     ):
         if not 0 <= probe_fraction <= 1:
             raise ValueError(f"probe_fraction must lie in [0, 1], got probe_fraction={probe_fraction!r}")
@@ -182,6 +188,8 @@ class FactProbeCurriculum(IterableDataset):
             raise ValueError(f"num_examples must be positive, got num_examples={num_examples}")
         if isinstance(windows, bool) or not isinstance(windows, int) or windows < 2:
             raise ValueError(f"windows must be an integer of at least 2 (the plant and the question), got {windows!r}")
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+            raise ValueError(f"group_size must be a positive integer, got group_size={group_size!r}")
         self.stream = stream
         self.planter = NamePlanter(tokenizer, window_size)
         self.window_size = window_size
@@ -190,6 +198,7 @@ class FactProbeCurriculum(IterableDataset):
         self.reaches = reaches
         self.seed = seed
         self.windows = windows
+        self.group_size = group_size
         if len(stream) < windows * window_size:
             raise ValueError(f"The stream ({len(stream):,} tokens) is shorter than {windows} windows of {window_size}")
 
@@ -197,7 +206,8 @@ class FactProbeCurriculum(IterableDataset):
         return self.num_examples
 
     def is_probe(self, i: int) -> bool:
-        return math.floor((i + 1) * self.probe_fraction) > math.floor(i * self.probe_fraction)
+        group = i // self.group_size
+        return math.floor((group + 1) * self.probe_fraction) > math.floor(group * self.probe_fraction)
 
     def reach(self, i: int) -> float:
         """The curriculum reach of example i: the fraction of window 1 the plant may end in, counted from its end."""

@@ -226,7 +226,8 @@ class BookReproductionSettings:
             "help": "Share of every arm's training blocks that are name-probe blocks, in [0, 1]: an invented name "
             "planted in a block's second-to-last window and asked for at the end of its last, only the name labelled "
             "(`FactProbeCurriculum`: the plant next to the boundary first); the rest are language-model blocks at "
-            "random offsets of the training books. A training signal a constant memory cannot satisfy. The trained "
+            "random offsets of the training books, each batch all of one kind (the loss is a mean over a batch's "
+            "labelled tokens, in which a few name tokens beside whole blocks of text would weigh next to nothing). A training signal a constant memory cannot satisfy. The trained "
             "arms' name recall is then scored on the validation book, with their own and another example's memory "
             "(0: the recorded protocol, consecutive blocks of the books, no probe)."
         },
@@ -895,6 +896,7 @@ class BookRun:
             s.probe_fraction,
             seed=s.seed,
             windows=s.windows_per_block,
+            group_size=s.batch_size,  # each batch all probes or all text: the name tokens not drowned in the mean
         )
 
     def score_probe(self, model: PreTrainedModel, name: str) -> None:
