@@ -209,7 +209,17 @@ def run_gate2(
         (train_stream, held_out_stream), books = streams, None
     window = settings.window_size
     num_train = settings.max_steps * settings.batch_size
-    train = FactProbeCurriculum(train_stream, tokenizer, window, num_train, probe_fraction, reaches, settings.seed)
+    # Each batch all probes or all text: a probe's few name tokens beside blocks of text would weigh next to nothing.
+    train = FactProbeCurriculum(
+        train_stream,
+        tokenizer,
+        window,
+        num_train,
+        probe_fraction,
+        reaches,
+        settings.seed,
+        group_size=settings.batch_size,
+    )
     evaluation = FactProbe(held_out_stream, tokenizer, window, held_out, seed=settings.seed + 1)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     stock.requires_grad_(False).to(device).eval()
