@@ -2,10 +2,15 @@
 every part writes its fields, stock's limit is recorded instead of a number, and ours decodes the same greedy tokens
 as stock. No timing is asserted."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from ..common import TINY_LLAMA
+from ..common import REPO_ROOT, TINY_LLAMA
 from ..scripts import BENCHMARKS, run_script, written
 
 
@@ -120,3 +125,22 @@ def test_the_memory_part_times_each_setting_against_the_paper_and_their_first_wi
         # No setting reads a memory in the first window: there, every one is the stock model.
         assert cell["tokens == paper's, first window"] is True
     assert len(recorded["tables"]["memory"]["rows"]) == 1 + len(SETTINGS)
+
+
+def test_the_gpu_parts_helper_runs_each_part_under_its_limit_into_its_own_file(tmp_path):
+    """benchmarks/gpu_parts.sh, run here on the CPU as its header says to check a command before device time."""
+    folder = tmp_path / "tiny-config"
+    LlamaConfig(**{**TINY_LLAMA, "max_position_embeddings": WINDOW}).save_pretrained(folder)
+    out = tmp_path / "out"
+    out.mkdir()
+    flags = f"--model {folder} --window-size {WINDOW} --prompt-tokens {PROMPT} --compile-backend eager --repeats 1"
+    command = f"source benchmarks/gpu_parts.sh; part quick 120 {flags} --parts decode --batch-sizes 1 --new-tokens 4"
+    command += f"; part stopped 1 {flags} --parts decode --batch-sizes 1 --new-tokens 4"
+    env = {**os.environ, "OUT": str(out), "DEVICE": "cpu", "NO_INSTALL": "1", "PYTHON": sys.executable}
+    result = subprocess.run(
+        ["bash", "-c", command], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((out / "quick.json").read_text())["values"]["decode"]["batch 1, 4 new tokens"]
+    log = (out / "run.log").read_text()
+    assert "== quick rc=0" in log and "== stopped rc=124" in log and not (out / "stopped.json").exists()
