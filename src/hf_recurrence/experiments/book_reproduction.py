@@ -227,9 +227,10 @@ class BookReproductionSettings:
             "planted in a block's second-to-last window and asked for at the end of its last, only the name labelled "
             "(`FactProbeCurriculum`: the plant next to the boundary first); the rest are language-model blocks at "
             "random offsets of the training books, each batch all of one kind (the loss is a mean over a batch's "
-            "labelled tokens, in which a few name tokens beside whole blocks of text would weigh next to nothing). A training signal a constant memory cannot satisfy. The trained "
-            "arms' name recall is then scored on the validation book, with their own and another example's memory "
-            "(0: the recorded protocol, consecutive blocks of the books, no probe)."
+            "labelled tokens, in which a few name tokens beside whole blocks of text would weigh next to nothing). A "
+            "training signal a constant memory cannot satisfy. The trained arms' name recall is then scored on the "
+            "validation book, with their own and another example's memory (0: the recorded protocol, consecutive "
+            "blocks of the books, no probe)."
         },
     )
     warmup_steps: int = field(default=10, metadata={"help": "Warm-up steps."})

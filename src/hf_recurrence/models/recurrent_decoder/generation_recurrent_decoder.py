@@ -218,7 +218,7 @@ def _fixed_shape_decode(
     return logits
 
 
-# The state's tensors the compiled single-token step reads and writes: (attribute, index in its list or None).
+# The state's tensors the compiled single-token step reads and writes, beside each layer's `keys` and `values`.
 _STEP_TENSORS = (
     "fill",
     "slot_valid",
@@ -233,6 +233,7 @@ _STEP_TENSORS = (
 
 
 def _step_tensor_places(state: RecurrentDecoderState) -> list[tuple[str, int | None]]:
+    """Where each of those tensors is: (attribute, index in its list or None)."""
     return [(name, None) for name in _STEP_TENSORS] + [
         (name, i) for name in ("keys", "values") for i in range(len(getattr(state, name)))
     ]
