@@ -219,15 +219,24 @@ def test_a_resumed_run_trains_only_the_unfinished_arms_and_records_what_one_sitt
 
     def stopping_train_arm(stock, recurrence_input, *args, callbacks=(), **kwargs):
         trained.append(recurrence_input)
-        if recurrence_input == stop:  # the sitting ends in the middle of this arm's training
+        if (recurrence_input or "baseline") == stop:  # the sitting ends in the middle of this arm's training
             callbacks = [*callbacks, StopAtStep2()]
         return train_arm(stock, recurrence_input, *args, callbacks=callbacks, **kwargs)
 
     monkeypatch.setattr(book_reproduction, "train_arm", stopping_train_arm)
-    stop, out = "window", tmp_path / "sittings"
+    # The first sitting ends in the first stage's training: no stage finished, yet the run can be resumed.
+    stop, out = "baseline", tmp_path / "sittings"
     with pytest.raises(KeyboardInterrupt):
         reproduce(out)
+    assert trained == [None]
+    assert json.loads((out / "checkpoint.json").read_text())["stages"] == []
+    assert [p.name for p in (out / "training_baseline").iterdir()] == ["checkpoint-1"]
+    stop, trained[:] = "window", []
+    with pytest.raises(KeyboardInterrupt):
+        reproduce(out, "--resume")
     assert trained == [None, "window"]
+    printed = capsys.readouterr().out
+    assert "no stage finished before" in printed and "resuming the training from step 1 of 3" in printed
     assert json.loads((out / "checkpoint.json").read_text())["stages"] == ["baseline"]
     assert [p.name for p in (out / "training_recurrent").iterdir()] == ["checkpoint-1"]
     # The second sitting continues the recurrent arm's training from its step 1, and ends in the control's.

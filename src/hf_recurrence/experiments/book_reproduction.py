@@ -1008,6 +1008,8 @@ def prepare_book_run(settings: BookReproductionSettings, output_dir: Path, overw
     )
     if resume:
         print(f"Resuming the run in {output_dir}: {', '.join(run.finished_stages) or 'no stage'} finished before")
+    else:  # kept from the start, so that a sitting ended in the first stage's training can be resumed too
+        run.save_checkpoint()
     run.extra.update(held_out=read, train_tokens_per_arm=run.train_tokens, device=device)
     block_tokens = settings.windows_per_block * settings.window_size
     print(
