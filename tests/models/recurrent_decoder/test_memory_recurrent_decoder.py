@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from transformers import CompileConfig
 
 from hf_recurrence import RecurrentDecoderConfig, RecurrentDecoderForCausalLM
-from hf_recurrence.models.recurrent_decoder import step_recurrent_decoder
+from hf_recurrence.models.recurrent_decoder import generation_recurrent_decoder, step_recurrent_decoder
 from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder import STATE_NAME
 from hf_recurrence.models.recurrent_decoder.step_recurrent_decoder import _decoder_layers, keep_best
 
@@ -188,6 +188,40 @@ def test_the_in_place_single_token_step_generates_the_eager_tokens(family, name)
     traced = model.generate(prompt, cache_implementation="static", compile_config=config, **kwargs)
     assert model._compiled_steps
     assert torch.equal(traced, eager)
+
+
+def test_the_compiled_step_reads_the_slots_keys_and_values_from_the_models_static_tensors(monkeypatch):
+    """CUDA graphs copy each input that is not static at every replay: the slots' key and value at every reading
+    layer come to the compiled step in the model's pinned tensors, marked static, the same at every token and holding
+    each window's values (the tokens equal eager's past several windows)."""
+    torch._dynamo.reset()
+    model = memory_model(BY_NAME["llama"], "every_layer", window_overlap=2)
+    prompt = ids(length=5)
+    kwargs = {"max_new_tokens": 30, "min_new_tokens": 30, "do_sample": False, "pad_token_id": 0}
+    eager = model.generate(prompt, **kwargs)
+    read = []
+    compiled_decode = generation_recurrent_decoder._compiled_decode
+
+    def recording(*args):
+        step = compiled_decode(*args)
+
+        def run(settings, embeds, real, fill, slot_valid, window_index, h_prev, h_prev_kv, *rest):
+            read.append((h_prev_kv, {layer: tuple(t.clone() for t in pair) for layer, pair in h_prev_kv.items()}))
+            return step(settings, embeds, real, fill, slot_valid, window_index, h_prev, h_prev_kv, *rest)
+
+        return run
+
+    monkeypatch.setattr(generation_recurrent_decoder, "_compiled_decode", recording)
+    config = CompileConfig(backend="eager", fullgraph=True)
+    config._compile_all_devices = True
+    traced = model.generate(prompt, cache_implementation="static", compile_config=config, **kwargs)
+    assert torch.equal(traced, eager)
+    pins = model._h_prev_kv_pins["tensors"]
+    assert sorted(pins) == [0, 1, 2] and all(t._dynamo_static_input_type for pair in pins.values() for t in pair)
+    assert len(read) > 20 and all(kv is pins for kv, _ in read)
+    # Each window's slots differ from the last's: the pins were written, not read stale.
+    values = [kv[0][0] for _, kv in read]
+    assert any(not torch.equal(a, b) for a, b in zip(values, values[1:], strict=False))
 
 
 @pytest.mark.parametrize(("backbone", "name"), ROWS, ids=ROW_IDS)

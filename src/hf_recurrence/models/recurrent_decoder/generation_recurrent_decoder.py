@@ -192,7 +192,7 @@ def _fixed_shape_decode(
         or not state.decodes_inside_windows()
     ):
         return None
-    h_prev_kv = state.h_prev_key_value(model)
+    h_prev_kv = _pinned_h_prev_key_values(model, state.h_prev_key_value(model))
     state.leave_lockstep()
     _pin_step_tensors(model, state)
     step = _compiled_decode(model, state.compile_config)
@@ -288,6 +288,33 @@ def _pin_step_tensors(model: PreTrainedModel, state: RecurrentDecoderState) -> N
             pin.copy_(tensor)
             _set_step_tensor(state, place, pin)
     pins["holder"] = weakref.ref(state)
+
+
+def _pinned_h_prev_key_values(
+    model: PreTrainedModel, kept: dict[int, tuple[torch.Tensor, torch.Tensor]]
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """`kept` (h_prev's key and value at each reading layer, which the compiled step only reads) in the model's
+    pinned tensors, marked static, copied in when `kept` is not the one copied last (a new window, another state).
+
+    CUDA graphs copy every input that is not static into the graph's own memory at each replay: one copy per reading
+    layer's key and value at every token (60 for a memory read at SmolLM2's 30 layers), for values that change once
+    a window."""
+    pins = model.__dict__.get("_h_prev_kv_pins")
+    if pins is not None and pins["source"] is kept:
+        return pins["tensors"]  # every token inside a window: the same dict as at the token before
+    layout = {layer: [(t.shape, t.dtype, t.device) for t in pair] for layer, pair in kept.items()}
+    inference = torch.is_inference_mode_enabled()
+    # Pins made under inference_mode are inference tensors, which nothing outside it may write: made again then.
+    if pins is None or pins["layout"] != layout or (pins["inference"] and not inference):
+        tensors = {layer: tuple(torch.empty_like(t) for t in pair) for layer, pair in kept.items()}
+        for pin in (t for pair in tensors.values() for t in pair):
+            torch._dynamo.mark_static_address(pin)
+        pins = model.__dict__["_h_prev_kv_pins"] = {"layout": layout, "inference": inference, "tensors": tensors}
+    for layer, pair in kept.items():
+        for pin, tensor in zip(pins["tensors"][layer], pair, strict=True):
+            pin.copy_(tensor)
+    pins["source"] = kept
+    return pins["tensors"]
 
 
 @functools.cache
