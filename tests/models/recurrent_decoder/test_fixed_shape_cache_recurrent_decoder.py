@@ -8,7 +8,7 @@ from transformers import CompileConfig
 from transformers.integrations.sdpa_attention import repeat_kv
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from hf_recurrence.models.recurrent_decoder import step_recurrent_decoder
+from hf_recurrence.models.recurrent_decoder import generation_recurrent_decoder, step_recurrent_decoder
 from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder import STATE_NAME, FixedShapeWindowCache
 
 from ...families import BACKBONES
@@ -97,6 +97,13 @@ def test_the_compiled_step_reads_and_writes_the_models_static_tensors_and_hands_
     # The window buffers are written in place by every step; the last step may have run eagerly (a new window),
     # binding new tensors for the rest.
     assert all(any(t is key for t in pins) for key in first.keys + first.values)
+    # The per-token check gathers the state's tensors at once, in the order of the places the pins are written to.
+    places = generation_recurrent_decoder._step_tensor_places(first)
+    gathered = generation_recurrent_decoder._step_tensors(first)
+    assert len(gathered) == len(places) == len(pins)
+    assert all(
+        t is generation_recurrent_decoder._get_step_tensor(first, p) for t, p in zip(gathered, places, strict=True)
+    )
     kept = {name: getattr(first, name).clone() for name in ("fill", "slot_valid", "pooled_sum", "h_prev")}
     kept_keys = [k.clone() for k in first.keys]
 

@@ -25,6 +25,7 @@ torch.Size([1, 40])
 
 import functools
 import json
+import operator
 import weakref
 from collections.abc import Callable
 
@@ -239,6 +240,11 @@ def _step_tensor_places(state: RecurrentDecoderState) -> list[tuple[str, int | N
     ]
 
 
+def _step_tensors(state: RecurrentDecoderState) -> list[torch.Tensor]:
+    """The tensors at `_step_tensor_places(state)`, in that order, gathered at once (the per-token check)."""
+    return [getattr(state, name) for name in _STEP_TENSORS] + state.keys + state.values
+
+
 def _get_step_tensor(state: RecurrentDecoderState, place: tuple[str, int | None]) -> torch.Tensor:
     name, index = place
     return getattr(state, name) if index is None else getattr(state, name)[index]
@@ -263,17 +269,16 @@ def _pin_step_tensors(model: PreTrainedModel, state: RecurrentDecoderState) -> N
     before gets copies of its own first.
     """
     pins = model.__dict__.get("_step_pins")
-    if pins is not None and pins["holder"] is not None and pins["holder"]() is state:
-        held = zip(pins["places"], pins["tensors"], strict=True)
-        if all(_get_step_tensor(state, place) is pin for place, pin in held):
-            return  # every token but those after an eager step: nothing to copy, no shapes to compare
+    tensors = _step_tensors(state)
+    held = pins is not None and pins["holder"] is not None and pins["holder"]() is state
+    if held and len(tensors) == len(pins["tensors"]) and all(map(operator.is_, tensors, pins["tensors"])):
+        return  # every token but those after an eager step: nothing to copy, no shapes to compare
     places = _step_tensor_places(state)
-    tensors = [_get_step_tensor(state, place) for place in places]
     layout = [(t.shape, t.dtype, t.device) for t in tensors]
     inference = torch.is_inference_mode_enabled()
     # Pins made under inference_mode are inference tensors, which nothing outside it may write: made again then.
     if pins is None or pins["layout"] != layout or (pins["inference"] and not inference):
-        pins = {"places": places, "layout": layout, "inference": inference, "holder": None}
+        pins = {"layout": layout, "inference": inference, "holder": None}
         pins["tensors"] = [torch.empty_like(t) for t in tensors]
         for pin in pins["tensors"]:
             torch._dynamo.mark_static_address(pin)
