@@ -216,7 +216,7 @@ def test_the_compiled_step_reads_the_slots_keys_and_values_from_the_models_stati
     config._compile_all_devices = True
     traced = model.generate(prompt, cache_implementation="static", compile_config=config, **kwargs)
     assert torch.equal(traced, eager)
-    pins = model._h_prev_kv_pins["tensors"]
+    pins = model._h_prev_kv_pins["key_values"]
     assert sorted(pins) == [0, 1, 2] and all(t._dynamo_static_input_type for pair in pins.values() for t in pair)
     assert len(read) > 20 and all(kv is pins for kv, _ in read)
     # Each window's slots differ from the last's: the pins were written, not read stale.

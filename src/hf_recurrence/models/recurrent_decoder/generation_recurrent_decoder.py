@@ -28,6 +28,7 @@ import json
 import operator
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
@@ -274,15 +275,8 @@ def _pin_step_tensors(model: PreTrainedModel, state: RecurrentDecoderState) -> N
     if held and len(tensors) == len(pins["tensors"]) and all(map(operator.is_, tensors, pins["tensors"])):
         return  # every token but those after an eager step: nothing to copy, no shapes to compare
     places = _step_tensor_places(state)
-    layout = [(t.shape, t.dtype, t.device) for t in tensors]
-    inference = torch.is_inference_mode_enabled()
-    # Pins made under inference_mode are inference tensors, which nothing outside it may write: made again then.
-    if pins is None or pins["layout"] != layout or (pins["inference"] and not inference):
-        pins = {"layout": layout, "inference": inference, "holder": None}
-        pins["tensors"] = [torch.empty_like(t) for t in tensors]
-        for pin in pins["tensors"]:
-            torch._dynamo.mark_static_address(pin)
-        model.__dict__["_step_pins"] = pins
+    pins = _static_pins(model, "_step_pins", tensors)
+    pins.setdefault("holder", None)
     holder = pins["holder"]() if pins["holder"] is not None else None
     if holder is not None and holder is not state:
         for place, pin in zip(places, pins["tensors"], strict=True):
@@ -305,21 +299,32 @@ def _pinned_h_prev_key_values(
     layer's key and value at every token (60 for a memory read at SmolLM2's 30 layers), for values that change once
     a window."""
     pins = model.__dict__.get("_h_prev_kv_pins")
-    if pins is not None and pins["source"] is kept:
-        return pins["tensors"]  # every token inside a window: the same dict as at the token before
-    layout = {layer: [(t.shape, t.dtype, t.device) for t in pair] for layer, pair in kept.items()}
-    inference = torch.is_inference_mode_enabled()
-    # Pins made under inference_mode are inference tensors, which nothing outside it may write: made again then.
-    if pins is None or pins["layout"] != layout or (pins["inference"] and not inference):
-        tensors = {layer: tuple(torch.empty_like(t) for t in pair) for layer, pair in kept.items()}
-        for pin in (t for pair in tensors.values() for t in pair):
-            torch._dynamo.mark_static_address(pin)
-        pins = model.__dict__["_h_prev_kv_pins"] = {"layout": layout, "inference": inference, "tensors": tensors}
-    for layer, pair in kept.items():
-        for pin, tensor in zip(pins["tensors"][layer], pair, strict=True):
-            pin.copy_(tensor)
+    if pins is not None and pins.get("source") is kept:
+        return pins["key_values"]  # every token inside a window: the same dict as at the token before
+    kept_tensors = [t for pair in kept.values() for t in pair]
+    pins = _static_pins(model, "_h_prev_kv_pins", kept_tensors)
+    if pins.get("key_values", {}).keys() != kept.keys():
+        pinned = iter(pins["tensors"])
+        pins["key_values"] = {layer: (next(pinned), next(pinned)) for layer in kept}
+    for pin, tensor in zip(pins["tensors"], kept_tensors, strict=True):
+        pin.copy_(tensor)
     pins["source"] = kept
-    return pins["tensors"]
+    return pins["key_values"]
+
+
+def _static_pins(model: PreTrainedModel, name: str, tensors: list[torch.Tensor]) -> dict[str, Any]:
+    """The model's pins under `name`: a dict whose "tensors" are one tensor of each of `tensors`' shape, dtype and
+    device, marked static (`torch._dynamo.mark_static_address`); made again where that layout changed, or where they
+    were made under inference_mode and it is now off (inference tensors, which nothing outside it may write)."""
+    pins = model.__dict__.get(name)
+    layout = [(t.shape, t.dtype, t.device) for t in tensors]
+    inference = torch.is_inference_mode_enabled()
+    if pins is None or pins["layout"] != layout or (pins["inference"] and not inference):
+        pins = {"layout": layout, "inference": inference, "tensors": [torch.empty_like(t) for t in tensors]}
+        for pin in pins["tensors"]:
+            torch._dynamo.mark_static_address(pin)
+        model.__dict__[name] = pins
+    return pins
 
 
 @functools.cache
