@@ -9,7 +9,11 @@ from transformers.integrations.sdpa_attention import repeat_kv
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from hf_recurrence.models.recurrent_decoder import generation_recurrent_decoder, step_recurrent_decoder
-from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder import STATE_NAME, FixedShapeWindowCache
+from hf_recurrence.models.recurrent_decoder.state_recurrent_decoder import (
+    STATE_NAME,
+    FixedShapeWindowCache,
+    fixed_shape_state_class,
+)
 
 from ...families import BACKBONES
 
@@ -131,6 +135,46 @@ def test_a_compiled_decode_outside_inference_mode_after_one_inside_it_writes_pin
     outside = greedy(model, ids, mask, cache_implementation="static", compile_config=config)
     assert not any(pin.is_inference() for pin in model._step_pins["tensors"])
     torch.testing.assert_close(outside.sequences, inside.sequences, rtol=0, atol=0)
+
+
+def test_a_single_token_call_gives_the_compiled_step_its_ids_and_mask_column_as_they_are(monkeypatch):
+    """The embedding lookup and the mask's bool are in the compiled step, not eager operators before it at every
+    token: the step gets the call's ids and the mask's last column (None without a mask, every row real), and gives
+    the eager path's logits either way."""
+    torch._dynamo.reset()
+    model, _ = BY_NAME["llama"].models(window_overlap=2)
+    ids, mask = left_padded_prompts(model.config.text_config.vocab_size)
+    config = CompileConfig(backend="eager", fullgraph=True)
+    received = []
+    compiled_decode = generation_recurrent_decoder._compiled_decode
+
+    def recording(*args):
+        step = compiled_decode(*args)
+
+        def run(settings, tokens, real, *rest):
+            received.append((tokens, real))
+            return step(settings, tokens, real, *rest)
+
+        return run
+
+    monkeypatch.setattr(generation_recurrent_decoder, "_compiled_decode", recording)
+    state_class = fixed_shape_state_class(model.state_class)
+    full = torch.ones_like(mask)
+    with torch.no_grad():
+        logits = {}
+        for name, compile_config in (("eager", None), ("compiled", config)):
+            for masked in (True, False):
+                state = state_class(model.config, 3, ids.device, model.dtype)
+                state.compile_config = compile_config
+                model(ids, attention_mask=full, **{STATE_NAME: state})  # the prompt, eagerly: it checks the state
+                column = ids[:, -1:]
+                kwargs = {"attention_mask": torch.ones(3, ids.shape[1] + 1, dtype=torch.long)} if masked else {}
+                logits[name, masked] = model(column, **kwargs, **{STATE_NAME: state}).logits
+    assert [(tokens.shape, tokens.dtype) for tokens, _ in received] == [((3, 1), torch.long)] * 2
+    assert received[0][1].dtype == torch.long and received[0][1].shape == (3, 1) and received[1][1] is None
+    for masked in (True, False):
+        torch.testing.assert_close(logits["compiled", masked], logits["eager", masked])
+    torch.testing.assert_close(logits["compiled", False], logits["compiled", True], rtol=0, atol=0)
 
 
 def test_fixed_shape_cache_is_refused_beside_a_given_state():

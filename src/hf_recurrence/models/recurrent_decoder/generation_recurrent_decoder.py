@@ -168,18 +168,19 @@ class RecurrentDecoderGenerationMixin(GenerationMixin):
             or any(self._output_flags(output_hidden_states, output_attentions))
         ):
             return None
-        embeds = self.get_input_embeddings()(input_ids)
-        if attention_mask is None:
-            real = torch.ones(batch, 1, dtype=torch.bool, device=embeds.device)
-        else:
-            real = attention_mask[:, -1:].to(device=embeds.device, dtype=torch.bool)
-        return _fixed_shape_decode(self, state, embeds, real)
+        # The mask's last column as it is (a view: its dtype is made bool inside the compiled step, with the
+        # embedding lookup, so that neither costs an eager operator at every token).
+        real = None if attention_mask is None else attention_mask[:, -1:]
+        if real is not None and real.device != input_ids.device:
+            real = real.to(input_ids.device)
+        return _fixed_shape_decode(self, state, input_ids, real)
 
 
 def _fixed_shape_decode(
-    model: PreTrainedModel, state: RecurrentDecoderState, embeds: torch.Tensor, real: torch.Tensor
+    model: PreTrainedModel, state: RecurrentDecoderState, tokens: torch.Tensor, real: torch.Tensor | None
 ) -> torch.Tensor | None:
-    """The (batch, 1, vocab) logits of one new column (`embeds` (batch, 1, hidden), `real` (batch, 1)) over a
+    """The (batch, 1, vocab) logits of one new column (`tokens`: its (batch, 1) ids or (batch, 1, hidden) embeddings;
+    `real`: (batch, 1), nonzero where the column is real, or None where every row's is) over a
     fixed-shape state with a `compile_config`, from one compiled step that also writes the cache and advances the
     state in place; None where the state is not such a state, gradients are on, or some row may begin a window in
     this step (that step runs eagerly: it re-reads the overlap and computes the new `h_prev`). The caller checks that
@@ -200,7 +201,7 @@ def _fixed_shape_decode(
     step = _compiled_decode(model, state.compile_config)
     logits = step(
         _decode_settings(state.window_size),
-        embeds,
+        tokens,
         real,
         state.fill,
         state.slot_valid,
@@ -345,8 +346,8 @@ def _decode_settings(window_size: int) -> _StepSettings:
 def _decode_in_place(
     model: PreTrainedModel,
     settings: _StepSettings,
-    embeds: torch.Tensor,
-    real: torch.Tensor,
+    tokens: torch.Tensor,
+    real: torch.Tensor | None,
     fill: torch.Tensor,
     slot_valid: torch.Tensor,
     window_index: torch.Tensor,
@@ -362,7 +363,12 @@ def _decode_in_place(
     """One single-token step inside every row's window over a fixed-shape state's tensors, updated in place as
     `append_step` would: the step's key/value written into the buffers (a real column at its window position,
     padding into the spare slot), `slot_valid`, `fill`, the pooled states and the overlap. `h_prev_kv`: h_prev's
-    key and value at each reading layer. Returns the step's logits."""
+    key and value at each reading layer; `tokens` and `real` as `_fixed_shape_decode` takes them. Returns the step's
+    logits."""
+    embeds = model.get_input_embeddings()(tokens) if tokens.dim() == 2 else tokens  # (batch, 1, hidden)
+    if real is None:
+        real = torch.ones(embeds.shape[0], 1, dtype=torch.bool, device=embeds.device)
+    real = real.bool()  # (batch, 1)
     column = real[:, 0]  # (batch,)
     slot = torch.where(column, fill, settings.window_size)  # (batch,)
     # Every layer writes the column's key/value into its buffers itself, before attending over them.
