@@ -1,6 +1,8 @@
 """The recurrence core with generate(), the text-generation pipeline and streaming, over the representative backbones
 (shared base: `backbones.py`; greedy generation past the position table on every row: test_backbones_recurrent_decoder.py)."""
 
+import inspect
+
 import pytest
 import torch
 from transformers import TextStreamer
@@ -86,3 +88,17 @@ def test_text_generation_pipeline_batches_like_single_prompts_and_generates_gree
 def test_a_cache_implementation_is_refused_with_the_reason(implementation, tmp_path):
     model, _ = BY_NAME["llama"].models()
     assert_cache_implementation_is_refused(model, implementation, tmp_path)
+
+
+def test_the_forward_keeps_its_signature_for_generates_per_token_remote_code_check():
+    # generate() builds inspect.signature(model.forward) at every token of a model registered for the Auto classes;
+    # the one kept on the function is the function's own.
+    model, _ = BY_NAME["llama"].models()
+    assert model.is_remote_code()
+    forward = type(model).forward
+    code = forward.__code__
+    flags = bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount + flags]
+    kept = forward.__dict__["__signature__"]
+    assert list(kept.parameters) == list(names)
+    assert list(inspect.signature(model.forward).parameters) == list(names[1:])  # bound: without `self`

@@ -24,6 +24,7 @@ torch.Size([1, 40])
 """
 
 import functools
+import inspect
 import json
 import operator
 import weakref
@@ -59,6 +60,15 @@ def _renaming_the_state_arguments(generate: Callable) -> Callable:
 class RecurrentDecoderGenerationMixin(GenerationMixin):
     """generate() over the recurrent state: the hooks a causal LM of the core overrides, and its single-token decode
     over a fixed-shape state (`_decode_token`)."""
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        # generate() builds inspect.signature(model.forward) at every token of a model registered for the Auto
+        # classes, as ours are (transformers' check whether remote code still takes `cache_position`): a signature
+        # kept on the function is read instead of built.
+        forward = cls.__dict__.get("forward")
+        if forward is not None:
+            forward.__signature__ = inspect.signature(forward)
 
     @_renaming_the_state_arguments
     @functools.wraps(GenerationMixin.generate)
