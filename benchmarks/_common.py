@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import transformers
 from render import REPO_ROOT, markdown_table, render_docs
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_recurrence.evaluation.report import TABLE_COLUMNS
 
@@ -421,6 +422,24 @@ def interleaved(
             if round_index >= warmup:
                 times[name].append(elapsed)
     return times
+
+
+class _OperatorCalls(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def aten_calls(fn: Callable[[], object]) -> int:
+    """The aten operators one call of `fn` dispatches, its backward's included: on a GPU, the kernels the host
+    launches one after another, which is what a step costs where each kernel is too small to hide its launch."""
+    with _OperatorCalls() as counted:
+        fn()
+    return counted.calls
 
 
 def ratio_cells(ratios: dict[str, float], bold_paired: bool = False) -> list[str]:

@@ -71,6 +71,9 @@ def test_decode_and_training_write_their_fields_and_ours_decodes_stocks_greedy_t
         assert training["tokens_per_step"] == batch * 2 * WINDOW
         assert set(training["tokens_per_s"]) == {"ours", "stock"}
         assert set(training["ours / stock"]) == {"paired", "medians", "minima"}
+        # Ours runs the layers once per window (2 here), stock once over the windows stacked.
+        calls = training["aten_calls_per_step"]
+        assert calls["ours"] > 1.5 * calls["stock"] > 0
     assert len(recorded["tables"]["decode"]["rows"]) == 4
     assert any("batch 2, 40 new tokens: stock not run" in line for line in recorded["text"]["stock_limits"])
 
