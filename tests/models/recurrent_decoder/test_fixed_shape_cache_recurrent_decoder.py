@@ -1,5 +1,8 @@
 """generate(cache_implementation="static"): the state in fixed-shape buffers, and its compiled single-token step."""
 
+import collections
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -212,6 +215,46 @@ def test_compiled_single_token_step_generates_the_eager_tokens_in_place_without_
             compile_config=config,
         )
     assert longer.shape[1] == 5 + 2 * NEW_TOKENS
+
+
+def kernel_launches(code: str) -> collections.Counter:
+    """What Inductor's generated `call()` launches, one after another, by kind: "fused" kernels, and the operators it
+    leaves to aten by name (matrix products, attention, sorts)."""
+    launches: collections.Counter = collections.Counter()
+    for line in code[code.index("def call(") :].splitlines():
+        call = re.match(r"(\w+ = )?(cpp_fused_\w+|extern_kernels\.\w+|torch\.ops\.aten\.\w+)\(?", line.strip())
+        if call:
+            name = call.group(2)
+            launches["fused" if name.startswith("cpp_fused") else name.rsplit(".", 1)[-1]] += 1
+    return launches
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_the_compiled_decode_step_launches_the_matrix_products_and_attention_of_the_stock_compiled_forward(family):
+    """Per token, ours' compiled step launches the same matrix products and attention calls as stock's compiled
+    forward over its static cache, and nothing else that is not fused: the pooled state's layer-weighted sum (a
+    batched product per layer in a window read eagerly) and the cache and state writes fuse into the layers' own
+    kernels. On a GPU a single token costs its launches."""
+    torch._dynamo.reset()
+    model, stock = BY_NAME[family].models()
+    config = CompileConfig(fullgraph=True)
+    config._compile_all_devices = True
+    prompt = torch.randint(1, model.config.text_config.vocab_size, (1, 3), generator=torch.Generator().manual_seed(0))
+    launches = {}
+    for name, decoder in (("ours", model), ("stock", stock)):
+        _, codes = run_and_get_code(
+            decoder.generate,
+            prompt,
+            max_new_tokens=4,
+            do_sample=False,
+            pad_token_id=0,
+            cache_implementation="static",
+            compile_config=config,
+        )
+        launches[name] = kernel_launches(max(codes, key=len))  # the single-token graph
+    unfused = {name: {kind: n for kind, n in counted.items() if kind != "fused"} for name, counted in launches.items()}
+    assert unfused["ours"] == unfused["stock"] and unfused["ours"], launches
 
 
 @pytest.mark.parametrize("kwargs", [{"num_beams": 2}, {"num_return_sequences": 2, "do_sample": True}])
