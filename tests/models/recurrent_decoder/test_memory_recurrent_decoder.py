@@ -205,9 +205,9 @@ def test_the_compiled_step_reads_the_slots_keys_and_values_from_the_models_stati
     def recording(*args):
         step = compiled_decode(*args)
 
-        def run(settings, embeds, real, fill, slot_valid, window_index, h_prev, h_prev_kv, *rest):
+        def run(settings, tokens, real, fill, slot_valid, window_index, h_prev, h_prev_kv, *rest):
             read.append((h_prev_kv, {layer: tuple(t.clone() for t in pair) for layer, pair in h_prev_kv.items()}))
-            return step(settings, embeds, real, fill, slot_valid, window_index, h_prev, h_prev_kv, *rest)
+            return step(settings, tokens, real, fill, slot_valid, window_index, h_prev, h_prev_kv, *rest)
 
         return run
 
