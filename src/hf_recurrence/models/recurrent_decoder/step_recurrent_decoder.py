@@ -562,16 +562,13 @@ class RecurrentDecoderRecurrence(nn.Module):
         # hidden) states, accumulated into (batch, 1, hidden). Views and one unbind rather than indexing: fewer
         # operators per step, forward and backward.
         batch, cols = real.shape
+        if cols == 1 and torch.compiler.is_compiling():
+            # The compiled single-token step: the layer-weighted mix of one column is pointwise, which the compiler
+            # fuses into the layers' own kernels; a batched product would be a kernel of its own per layer, launched
+            # at every token.
+            return self._source_states(layer_states, config) * real[..., None]  # (batch, 1, hidden)
         real_weights = self.layer_weights().view(-1, 1, 1, 1) * real.view(1, batch, 1, cols)
         first, *rest = real_weights.unbind(0)  # (batch, 1, cols) each
-        if cols == 1 and torch.compiler.is_compiling():
-            # The compiled single-token step: each layer's (batch, 1, 1) weight times its (batch, 1, hidden) states
-            # is pointwise, which the compiler fuses into the layers' own kernels; a batched product would be a
-            # kernel of its own per layer, launched at every token.
-            pooled = first * self._normalized(layer_states[0].float(), config)
-            for weights, states in zip(rest, layer_states[1:], strict=True):
-                pooled = pooled + weights * self._normalized(states.float(), config)
-            return pooled
         pooled = torch.bmm(first, self._normalized(layer_states[0].float(), config))
         for weights, states in zip(rest, layer_states[1:], strict=True):
             pooled = torch.baddbmm(pooled, weights, self._normalized(states.float(), config))
