@@ -1,5 +1,6 @@
 """Tiny configs and helpers shared by the tests."""
 
+import inspect
 import subprocess
 import sys
 from collections.abc import Callable
@@ -344,6 +345,19 @@ def assert_cache_implementation_is_refused(model, implementation: str, tmp_path:
     assert reloaded.generation_config.cache_implementation == implementation
     with pytest.raises(ValueError, match="generation_config.json"):
         reloaded.generate(prompt, max_new_tokens=3, do_sample=False)
+
+
+def assert_forward_keeps_its_signature(model) -> None:
+    """generate() builds inspect.signature(model.forward) at every token of a model registered for the Auto classes;
+    the signature kept on the causal LM's forward is the function's own."""
+    assert model.is_remote_code()
+    forward = type(model).forward
+    code = forward.__code__
+    flags = bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount + flags]
+    kept = forward.__dict__["__signature__"]
+    assert list(kept.parameters) == list(names)
+    assert list(inspect.signature(model.forward).parameters) == list(names[1:])  # bound: without `self`
 
 
 def assert_left_padded_rows_equal_the_rows_alone(model, tokens: torch.Tensor) -> torch.Tensor:

@@ -1,14 +1,13 @@
 """The recurrence core with generate(), the text-generation pipeline and streaming, over the representative backbones
 (shared base: `backbones.py`; greedy generation past the position table on every row: test_backbones_recurrent_decoder.py)."""
 
-import inspect
-
 import pytest
 import torch
 from transformers import TextStreamer
 
 from ...common import (
     assert_cache_implementation_is_refused,
+    assert_forward_keeps_its_signature,
     generated_alone_and_batched,
     greedy_loop,
     greedy_text,
@@ -91,14 +90,4 @@ def test_a_cache_implementation_is_refused_with_the_reason(implementation, tmp_p
 
 
 def test_the_forward_keeps_its_signature_for_generates_per_token_remote_code_check():
-    # generate() builds inspect.signature(model.forward) at every token of a model registered for the Auto classes;
-    # the one kept on the function is the function's own.
-    model, _ = BY_NAME["llama"].models()
-    assert model.is_remote_code()
-    forward = type(model).forward
-    code = forward.__code__
-    flags = bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
-    names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount + flags]
-    kept = forward.__dict__["__signature__"]
-    assert list(kept.parameters) == list(names)
-    assert list(inspect.signature(model.forward).parameters) == list(names[1:])  # bound: without `self`
+    assert_forward_keeps_its_signature(BY_NAME["llama"].models()[0])

@@ -6,7 +6,13 @@ from transformers import pipeline
 
 from hf_recurrence import TransformerXLLMHeadModel
 
-from ...common import assert_cache_implementation_is_refused, greedy_text, stdlib_tokenizer, tiny_transformer_xl_config
+from ...common import (
+    assert_cache_implementation_is_refused,
+    assert_forward_keeps_its_signature,
+    greedy_text,
+    stdlib_tokenizer,
+    tiny_transformer_xl_config,
+)
 
 
 def make_model(**overrides) -> TransformerXLLMHeadModel:
@@ -81,3 +87,7 @@ def test_text_generation_pipeline_generates_past_segment_and_memory():
 @pytest.mark.parametrize("implementation", ["static", "offloaded", "quantized", "dynamic", "paged"])
 def test_a_cache_implementation_is_refused_with_the_reason(implementation, tmp_path):
     assert_cache_implementation_is_refused(make_model(), implementation, tmp_path)
+
+
+def test_the_forward_keeps_its_signature_for_generates_per_token_remote_code_check():
+    assert_forward_keeps_its_signature(make_model())

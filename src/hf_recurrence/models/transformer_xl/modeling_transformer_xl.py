@@ -3,6 +3,7 @@
 Context"), written from the paper: segment-level recurrence with stop-gradient memories, relative sinusoidal
 positions with the u/v biases and the linear-cost relative shift. Plain softmax output tied to the input embeddings."""
 
+import inspect
 import math
 import os
 from collections.abc import Callable
@@ -1052,6 +1053,10 @@ class TransformerXLLMHeadModel(TransformerXLPreTrainedModel, GenerationMixin):
             attentions=segments.attentions,
         )
         return output if return_dict is not False else output.to_tuple()
+
+    # generate() builds inspect.signature(model.forward) at every token of a model registered for the Auto classes (a
+    # check whether remote code still takes `cache_position`): a signature kept on the function is read, not built.
+    forward.__signature__ = inspect.signature(forward)
 
 
 def _adaptive_tied_weights(config: TransformerXLConfig) -> dict[str, str]:
