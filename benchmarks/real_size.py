@@ -41,9 +41,10 @@ Parts (`--parts`):
   reads (batch, windows x window) tokens with backpropagation through every window (the recurrence module trains
   too), stock reads the same tokens as (windows x batch, window) independent windows in one call; tokens/s.
 - memory: the cost of the memory settings (issue 39's `memory_*`, `MEMORY_SETTINGS`) against the paper's k=1 on the
-  same converted model: a forward over `--memory-windows` windows (no cache) and a default `generate()` of
-  `--memory-new-tokens` tokens at batch 1, interleaved rounds; each setting's time over the paper's, and whether its
-  greedy tokens equal the paper's in the first window (where no setting reads a memory yet).
+  same converted model: a forward over `--memory-windows` windows (no cache; every position's logits, or the last
+  `--memory-logits-to-keep`) and a default `generate()` of `--memory-new-tokens` tokens at batch 1, interleaved
+  rounds; each setting's time over the paper's, and whether its greedy tokens equal the paper's in the first window
+  (where no setting reads a memory yet).
 """
 
 import argparse
@@ -142,12 +143,22 @@ def parse_args() -> argparse.Namespace:
     memory.add_argument("--memory-windows", type=int, default=4, help="windows of the timed forward")
     memory.add_argument("--memory-new-tokens", type=int, default=256, help="new tokens of the timed generate()")
     memory.add_argument("--memory-repeats", type=int, default=3, help="interleaved rounds (median reported)")
+    memory.add_argument(
+        "--memory-logits-to-keep",
+        type=int,
+        default=0,
+        help="positions whose logits the timed forward computes (`logits_to_keep`; default 0: every position, as "
+        "a training forward does). 1 times the settings' own work without the LM head's logits, the same for every "
+        "setting (Gemma 3: 1.26 GB of them a call over 4 windows)",
+    )
     bench.add_child_argument(parser)
     output = next(action for action in parser._actions if action.dest == "output_json")
     output.help = "where the run's numbers go (default: benchmarks/results/real_size_MODEL.json, the recorded run)"
     args = parser.parse_args()
     if min(args.new_tokens) < 2 or args.cold_start_tokens < 2:
         parser.error("--new-tokens and --cold-start-tokens must be at least 2 (the first comes from the prefill)")
+    if args.memory_logits_to_keep < 0:
+        parser.error(f"--memory-logits-to-keep must be 0 (every position) or more, not {args.memory_logits_to_keep}")
     if args.train_batch_sizes is None:
         on_cpu = bench.device_and_dtype(args)[0].type == "cpu"
         args.train_batch_sizes = [1, 2] if args.model == "gemma3" and on_cpu else [1, 2, 4, 8]
@@ -557,12 +568,20 @@ def training(args: argparse.Namespace, stock_dir: str, device: torch.device) -> 
 # Memory settings ---------------------------------------------------------------------------------------------------
 
 
-def forward_fn(model: PreTrainedModel, ids: torch.Tensor) -> Callable[[], None]:
+def forward_fn(model: PreTrainedModel, ids: torch.Tensor, logits_to_keep: int) -> Callable[[], None]:
     def run() -> None:
         with torch.inference_mode():
-            model(input_ids=ids, use_cache=False)
+            model(input_ids=ids, use_cache=False, logits_to_keep=logits_to_keep)
 
     return run
+
+
+def memory_logits_kept(args: argparse.Namespace) -> str:
+    """What the memory table's forward column adds to its name: which positions' logits it computed."""
+    kept = args.memory_logits_to_keep
+    if kept == 0:
+        return ""
+    return ", the last position's logits" if kept == 1 else f", the last {kept} positions' logits"
 
 
 def memory_cost(args: argparse.Namespace, stock_dir: str, device: torch.device) -> tuple[dict, list]:
@@ -582,7 +601,7 @@ def memory_cost(args: argparse.Namespace, stock_dir: str, device: torch.device) 
     outputs = {name: {} for name in built}
     fns = {}
     for name, model in built.items():
-        fns[f"{name}|forward"] = forward_fn(model, ids)
+        fns[f"{name}|forward"] = forward_fn(model, ids, args.memory_logits_to_keep)
         fns[f"{name}|decode"] = generate_fn(model, prompt, args.memory_new_tokens, outputs[name], disable_compile=True)
     times = bench.interleaved(fns, args.memory_repeats, warmup=1, device=device)
     first = min(window, args.prompt_tokens + args.memory_new_tokens)
@@ -679,7 +698,7 @@ def main() -> None:
             values["memory"], rows = memory_cost(args, stock_dir, device)
             headers = [
                 "recurrence",
-                f"forward, {args.memory_windows} windows (tok/s)",
+                f"forward, {args.memory_windows} windows{memory_logits_kept(args)} (tok/s)",
                 "forward time / paper's (median paired)",
                 f"decode, {args.memory_new_tokens} tokens (tok/s)",
                 "decode time / paper's (median paired)",

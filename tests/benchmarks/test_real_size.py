@@ -128,6 +128,21 @@ def test_the_memory_part_times_each_setting_against_the_paper_and_their_first_wi
         # No setting reads a memory in the first window: there, every one is the stock model.
         assert cell["tokens == paper's, first window"] is True
     assert len(recorded["tables"]["memory"]["rows"]) == 1 + len(SETTINGS)
+    assert recorded["tables"]["memory"]["headers"][1] == "forward, 2 windows (tok/s)"
+
+
+def test_the_memory_part_can_time_a_forward_without_every_positions_logits(tiny_stock, tmp_path):
+    sizes = ["--memory-windows", "2", "--memory-new-tokens", "4", "--memory-repeats", "1"]
+    recorded = run(tiny_stock, tmp_path, "--parts", "memory", "--memory-logits-to-keep", "1", *sizes)
+    assert recorded["settings"]["memory_logits_to_keep"] == 1
+    assert recorded["tables"]["memory"]["headers"][1] == "forward, 2 windows, the last position's logits (tok/s)"
+    assert all(cell["forward_tokens_per_s"] > 0 for cell in recorded["values"]["memory"].values())
+
+
+def test_a_negative_logits_to_keep_is_refused_by_name(tiny_stock, tmp_path):
+    result = run_script(SCRIPT, "--model", str(tiny_stock), "--parts", "memory", "--memory-logits-to-keep", "-1")
+    assert result.returncode == 2
+    assert "--memory-logits-to-keep must be 0 (every position) or more, not -1" in result.stderr
 
 
 def test_the_gpu_parts_helper_runs_each_part_under_its_limit_into_its_own_file(tmp_path):
