@@ -2,13 +2,17 @@
 every part writes its fields, stock's limit is recorded instead of a number, and ours decodes the same greedy tokens
 as stock. No timing is asserted."""
 
+import importlib
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_recurrence.weights import recurrent_decoder_from_causal_lm
 
 from ..common import REPO_ROOT, TINY_LLAMA
 from ..scripts import BENCHMARKS, run_script, written
@@ -137,6 +141,19 @@ def test_the_memory_part_can_time_a_forward_without_every_positions_logits(tiny_
     assert recorded["settings"]["memory_logits_to_keep"] == 1
     assert recorded["tables"]["memory"]["headers"][1] == "forward, 2 windows, the last position's logits (tok/s)"
     assert all(cell["forward_tokens_per_s"] > 0 for cell in recorded["values"]["memory"].values())
+
+
+def test_the_memory_forward_computes_only_the_logits_it_is_told_to_keep(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    real_size = importlib.import_module("real_size")
+    stock = LlamaForCausalLM(LlamaConfig(**{**TINY_LLAMA, "max_position_embeddings": WINDOW}))
+    ours = recurrent_decoder_from_causal_lm(stock, window_size=WINDOW).eval()
+    shapes = []
+    ours.register_forward_hook(lambda module, args, output: shapes.append(tuple(output.logits.shape)))
+    ids = torch.randint(1, TINY_LLAMA["vocab_size"], (1, 2 * WINDOW))
+    for kept in (1, 0):
+        real_size.forward_fn(ours, ids, kept)()
+    assert shapes == [(1, 1, TINY_LLAMA["vocab_size"]), (1, 2 * WINDOW, TINY_LLAMA["vocab_size"])]
 
 
 def test_a_negative_logits_to_keep_is_refused_by_name(tiny_stock, tmp_path):
