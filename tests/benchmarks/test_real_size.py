@@ -82,6 +82,34 @@ def test_decode_and_training_write_their_fields_and_ours_decodes_stocks_greedy_t
     assert any("batch 2, 40 new tokens: stock not run" in line for line in recorded["text"]["stock_limits"])
 
 
+def test_stocks_compiled_static_cache_can_be_left_out_and_is_recorded_as_not_run(tiny_stock, tmp_path):
+    recorded = run(
+        tiny_stock,
+        tmp_path,
+        "--parts",
+        "decode",
+        "--batch-sizes",
+        "2",
+        "--new-tokens",
+        "20",
+        "--repeats",
+        "1",
+        "--no-stock-static",
+    )
+    cell = recorded["values"]["decode"]["batch 2, 20 new tokens"]
+    assert all(cell[way]["decode_tokens_per_s"] > 0 for way in WAYS[:3])
+    assert cell[WAYS[3]] == "not run (--no-stock-static)"
+    assert cell["stock best"] == WAYS[2]
+    assert cell["ours compiled / stock best"] == pytest.approx(
+        cell[WAYS[1]]["decode_tokens_per_s"] / cell[WAYS[2]]["decode_tokens_per_s"]
+    )
+    assert recorded["text"]["stock_limits"] == [
+        "- batch 2, 20 new tokens: stock, static cache, compiled not run (--no-stock-static)."
+    ]
+    row = recorded["tables"]["decode"]["rows"][0]
+    assert row[5] == "–" and row[2:5] != ["–"] * 3
+
+
 def test_a_folder_with_only_a_config_runs_that_shape_with_random_weights(tmp_path):
     folder = tmp_path / "tiny-config"
     LlamaConfig(**{**TINY_LLAMA, "max_position_embeddings": WINDOW}).save_pretrained(folder)
