@@ -9,6 +9,7 @@ family's attention reads.
 import pytest
 import torch
 
+from hf_recurrence.models.recurrent_decoder import step_recurrent_decoder
 from hf_recurrence.models.recurrent_decoder.configuration_recurrent_decoder import (
     PRE_ATTENTION_NORMS,
     rotary_refusal_reason,
@@ -204,6 +205,29 @@ def test_rows_in_lockstep_plan_their_windows_on_the_host(backbone):
         mask[0, :3] = 0
         padded = model(tokens, attention_mask=mask).past_key_values
         assert padded.lockstep is None and padded.reset().lockstep == (0, 0)
+
+
+@by_backbone()
+def test_single_token_steps_in_lockstep_attend_without_masks_as_masked_steps_do(backbone, monkeypatch):
+    model, _ = backbone.models(window_overlap=3)
+    tokens = ids()
+    splits = range(4, tokens.shape[1])  # a prompt, then one token at a time across windows (with and without h_prev)
+    with torch.no_grad():
+        masked_state = model.new_state(2)
+        masked_state.leave_lockstep()
+        masked, _ = chunked_logits(model, tokens, splits, state=masked_state)
+        masks_made = []
+        real_masks = step_recurrent_decoder._attention_masks
+        monkeypatch.setattr(
+            step_recurrent_decoder,
+            "_attention_masks",
+            lambda real, *a: masks_made.append(real.shape) or real_masks(real, *a),
+        )
+        unmasked, state = chunked_logits(model, tokens, splits)
+    # Eager attention (Gemma2's soft-cap) keeps its masks; sdpa builds none for a single column.
+    eager = model.config._attn_implementation == "eager"
+    assert state.lockstep is not None and (eager or all(cols > 1 for _, cols in masks_made))
+    torch.testing.assert_close(unmasked, masked)
 
 
 @by_backbone()

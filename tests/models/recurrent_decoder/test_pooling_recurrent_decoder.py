@@ -34,6 +34,8 @@ def test_h_prev_is_the_recurrence_of_the_layer_weighted_mean(backbone, normalize
         tokens = ids(2, 9)  # one full window, then one token that closes it
         layer_outputs = torch.stack(model(tokens[:, :8], output_hidden_states=True).hidden_states[1:])
         state = model(tokens, use_cache=True).past_key_values
+        # Read one token at a time (the single-column step pools one column over all layers in one product).
+        _, token_by_token = chunked_logits(model, tokens, range(1, 9))
     if normalize:  # with the backbone's own RMS-norm epsilon
         eps = getattr(model.config.text_config, "rms_norm_eps", None) or 1e-6
         layer_outputs = layer_outputs * torch.rsqrt(layer_outputs.pow(2).mean(-1, keepdim=True) + eps)
@@ -41,6 +43,7 @@ def test_h_prev_is_the_recurrence_of_the_layer_weighted_mean(backbone, normalize
     summary = (weights[:, None, None] * layer_outputs.mean(2)).sum(0)  # (batch, hidden)
     # The paper's one slot: h_prev (batch, 1, hidden).
     torch.testing.assert_close(state.h_prev, model.recurrence(summary[:, None]))
+    torch.testing.assert_close(token_by_token.h_prev, state.h_prev)
 
 
 @by_backbone(REPRESENTATIVE)

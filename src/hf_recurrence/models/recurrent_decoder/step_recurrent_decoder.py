@@ -159,19 +159,28 @@ def step_positions_and_masks(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """A step's position ids, (batch, cols), which restart in every window, and its plain and reading-layer masks
     (see `_attention_masks`); over rows in lockstep, those an earlier step of the call with the same shape made
-    (`settings.lockstep_tensors`). real: (batch, cols) bool; fill: (batch,) tokens already in each row's window."""
+    (`settings.lockstep_tensors`), and no masks for a single column outside eager attention. real: (batch, cols)
+    bool; fill: (batch,) tokens already in each row's window."""
+
+    def make_positions() -> torch.Tensor:
+        return (fill[:, None] + real.cumsum(1) - 1).clamp(min=0)  # (batch, cols)
 
     def make() -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        positions = (fill[:, None] + real.cumsum(1) - 1).clamp(min=0)  # (batch, cols)
         masks = _attention_masks(
             real, slot_valid, has_h_prev, dtype, eager, settings.all_real, memory_slots, uses_h_prev, write_slots
         )
-        return positions, *masks
+        return make_positions(), *masks
 
     made = settings.lockstep_tensors
     if made is None:
         return make()
-    return made.get((real.shape[1], slot_valid.shape[1], uses_h_prev), make)
+    key = (real.shape[1], slot_valid.shape[1], uses_h_prev)
+    if real.shape[1] == 1 and not eager:
+        # One query over rows in lockstep sees every key (every slot valid, h_prev in every row or in none): no
+        # masks, so sdpa groups the key/value heads itself (a mask makes transformers copy them per query head)
+        # and a decoded token builds none.
+        return made.get(key, lambda: (make_positions(), None, None))
+    return made.get(key, make)
 
 
 class _StepContext:
@@ -567,6 +576,11 @@ class RecurrentDecoderRecurrence(nn.Module):
             # fuses into the layers' own kernels; a batched product would be a kernel of its own per layer, launched
             # at every token.
             return self._source_states(layer_states, config) * real[..., None]  # (batch, 1, hidden)
+        if cols == 1:
+            # An eager single-token step: the layers' columns side by side and one product over them, rather than
+            # a product per layer (a decoded token's operators are its cost at small sizes).
+            columns = self._normalized(torch.cat(layer_states, dim=1).float(), config)  # (batch, layers, hidden)
+            return torch.bmm((self.layer_weights() * real)[:, None, :], columns)  # (batch, 1, hidden)
         real_weights = self.layer_weights().view(-1, 1, 1, 1) * real.view(1, batch, 1, cols)
         first, *rest = real_weights.unbind(0)  # (batch, 1, cols) each
         pooled = torch.bmm(first, self._normalized(layer_states[0].float(), config))
