@@ -177,8 +177,8 @@ def step_positions_and_masks(
     key = (real.shape[1], slot_valid.shape[1], uses_h_prev)
     if real.shape[1] == 1 and not eager:
         # One query over rows in lockstep sees every key (every slot valid, h_prev in every row or in none): no
-        # masks, so sdpa groups the key/value heads itself (a mask makes transformers copy them per query head)
-        # and a decoded token builds none.
+        # masks, so a decoded token builds none and sdpa groups the key/value heads itself (given a mask,
+        # transformers reshapes the query and the mask around every layer's attention instead).
         return made.get(key, lambda: (make_positions(), None, None))
     return made.get(key, make)
 
