@@ -32,7 +32,10 @@ Parts (`--parts`):
   not run where the prompt and the new tokens pass its `max_position_embeddings` (`--stock-past-context` runs it
   anyway); the reason is recorded instead of a number. `--no-stock-static` leaves out stock's compiled static cache
   (on the CPU at batch 8, its slowest way, which takes hours at 8,192 new tokens), recorded as not run; stock's best
-  is then its default cache.
+  is then its default cache. `--stock-max-call-s S` stops each of stock's timed calls at its first token after S
+  seconds (never before its 8th new token): its tokens/s is then over the tokens it reached, more than over the whole
+  call would be, since its per-token cost grows with its cache; the record shows it as an upper bound (<=) and ours'
+  ratios to it as lower bounds (>=).
 - cold_start: each compiled way in a fresh process with an empty inductor cache folder: the time to the first new token
   (the prefill) and to the second (the first compiled step, compilation included), the first call less the second,
   and the first call's compilation split into Dynamo's tracing and the backend's compiling.
@@ -61,6 +64,7 @@ from unittest import mock
 import _common as bench
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, CompileConfig, PreTrainedModel
+from transformers.generation import StoppingCriteria, StoppingCriteriaList
 
 from hf_recurrence.weights import (
     gemma3_270m_gguf_path,
@@ -85,6 +89,8 @@ COMPILED = (OURS_COMPILED, STOCK_STATIC)
 STOCK = (STOCK_DEFAULT, STOCK_STATIC)
 OURS, STOCK_MODEL = "ours", "stock"
 NOT_RUN_STATIC = "not run (--no-stock-static)"
+# A call stopped by --stock-max-call-s still decodes this many new tokens: its tokens/s over fewer would be noise.
+STOPPED_CALL_MIN_TOKENS = 8
 LORA_TARGETS = ["q_proj", "v_proj"]
 # The memory settings the memory part times against the paper's k=1 (`memory_read_layers` None: the insertion layer;
 # "all": every layer of the model).
@@ -133,6 +139,13 @@ def parse_args() -> argparse.Namespace:
         help="do not time stock's compiled static cache (on the CPU at batch 8 its slowest way, hours at 8,192 new "
         "tokens); the record says so, and stock's best is then its default cache",
     )
+    decode.add_argument(
+        "--stock-max-call-s",
+        type=float,
+        help="stop each of stock's timed decode calls at its first token after this many seconds (never before its "
+        f"{STOPPED_CALL_MIN_TOKENS}th); its tokens/s over the tokens reached is an upper bound of the whole call's, "
+        "recorded as such (on the CPU at batch 8, stock's default cache takes hours over 8,192 new tokens)",
+    )
     decode.add_argument("--cold-start-batches", type=int, nargs="+", default=[1, 8])
     decode.add_argument("--cold-start-tokens", type=int, default=16, help="new tokens of each cold-start call")
     prefill = parser.add_argument_group("prefill")
@@ -166,6 +179,8 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if min(args.new_tokens) < 2 or args.cold_start_tokens < 2:
         parser.error("--new-tokens and --cold-start-tokens must be at least 2 (the first comes from the prefill)")
+    if args.stock_max_call_s is not None and args.stock_max_call_s < 0:
+        parser.error(f"--stock-max-call-s must be 0 or more seconds, not {args.stock_max_call_s:g}")
     if args.memory_logits_to_keep < 0:
         parser.error(f"--memory-logits-to-keep must be 0 (every position) or more, not {args.memory_logits_to_keep}")
     if args.train_batch_sizes is None:
@@ -262,16 +277,42 @@ def way_kwargs(args: argparse.Namespace, name: str) -> dict:
     return {"disable_compile": True}
 
 
-def generate_fn(model, prompt: torch.Tensor, new_tokens: int, keep: dict | None = None, **kwargs) -> Callable:
-    """One greedy `generate()` of exactly `new_tokens` tokens; the output goes to `keep["out"]` when given."""
+class StopAfterSeconds(StoppingCriteria):
+    """Stops a `generate()` call at its first token after `seconds` from the criterion's making, once it has decoded
+    at least `STOPPED_CALL_MIN_TOKENS` new tokens after its `prompt_length`."""
+
+    def __init__(self, seconds: float, prompt_length: int) -> None:
+        self.seconds, self.prompt_length = seconds, prompt_length
+        self.start = time.perf_counter()
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.BoolTensor:
+        enough = input_ids.shape[1] - self.prompt_length >= STOPPED_CALL_MIN_TOKENS
+        stop = enough and time.perf_counter() - self.start >= self.seconds
+        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+
+
+def generate_fn(
+    model,
+    prompt: torch.Tensor,
+    new_tokens: int,
+    keep: dict | None = None,
+    stop_after_s: float | None = None,
+    **kwargs,
+) -> Callable:
+    """One greedy `generate()` of exactly `new_tokens` tokens, or of those it reaches in `stop_after_s` seconds
+    (`StopAfterSeconds`); the output goes to `keep["out"]` and the new tokens of every call to `keep["new_tokens"]`
+    when given."""
 
     def run() -> torch.Tensor:
+        if stop_after_s is not None:
+            kwargs["stopping_criteria"] = StoppingCriteriaList([StopAfterSeconds(stop_after_s, prompt.shape[1])])
         with torch.inference_mode():
             out = model.generate(
                 prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, **kwargs
             )
         if keep is not None:
             keep["out"] = out
+            keep.setdefault("new_tokens", []).append(out.shape[1] - prompt.shape[1])
         return out
 
     return run
@@ -308,26 +349,28 @@ def decode(args: argparse.Namespace, stock_dir: str, device: torch.device) -> tu
             fns, outputs = {}, {name: {} for name in running}
             for name in running:
                 model, kwargs = ways[name]
-                fns[f"{name}|full"] = generate_fn(model, prompt, length, outputs[name], **kwargs)
+                stop_after_s = args.stock_max_call_s if name in STOCK else None
+                fns[f"{name}|full"] = generate_fn(model, prompt, length, outputs[name], stop_after_s, **kwargs)
                 fns[f"{name}|prefill"] = generate_fn(model, prompt, 1, **kwargs)
                 generate_fn(model, prompt, min(8, length), **kwargs)()  # compiles for this batch and length, untimed
             repeats = args.repeats if length <= 2048 else args.long_repeats
             times = bench.interleaved(fns, repeats, warmup=0, device=device)
             cell: dict = {"prompt_tokens": args.prompt_tokens}
-            tps = {}
+            tps, stopped = {}, []
             for name in running:
-                seconds = bench.median(times[f"{name}|full"]) - bench.median(times[f"{name}|prefill"])
-                tps[name] = batch * (length - 1) / seconds
-                cell[name] = {
-                    "decode_tokens_per_s": tps[name],
-                    "full_s": times[f"{name}|full"],
-                    "prefill_s": times[f"{name}|prefill"],
-                }
+                reached = outputs[name]["new_tokens"]
+                whole = min(reached) == length
+                full_s, prefill_s = times[f"{name}|full"], times[f"{name}|prefill"]
+                cell[name], tps[name] = decode_speed(batch, length if whole else reached, full_s, prefill_s)
+                if not whole:
+                    stopped.append(name)
+                    limits.append(stopped_text(batch, length, name, reached, full_s))
+            cell["stopped by --stock-max-call-s"] = stopped
             out = {name: outputs[name]["out"] for name in running}
             cell["ours compiled tokens == ours default tokens"] = torch.equal(out[OURS_COMPILED], out[OURS_DEFAULT])
             if why is None:
                 # Ours is the stock model in its first window: the same greedy tokens up to its end.
-                first = min(window, out[OURS_DEFAULT].shape[1])
+                first = min(window, out[OURS_DEFAULT].shape[1], out[STOCK_DEFAULT].shape[1])
                 same = torch.equal(out[OURS_DEFAULT][:, :first], out[STOCK_DEFAULT][:, :first])
                 cell["ours default tokens == stock default tokens, first window"] = same
                 best = max((name for name in STOCK if name in tps), key=lambda name: tps[name])
@@ -345,8 +388,38 @@ def decode(args: argparse.Namespace, stock_dir: str, device: torch.device) -> tu
     return values, rows, limits
 
 
+def decode_speed(batch: int, new_tokens: int | list[int], full_s: list[float], prefill_s: list[float]) -> tuple:
+    """A way's cell and its decode tokens/s: batch x (new tokens - 1) over a full call's time less a one-token
+    call's (medians). `new_tokens` as a list (a call's each, stopped ones): the median of the calls' own tokens/s."""
+    prefill = bench.median(prefill_s)
+    if isinstance(new_tokens, int):
+        tokens_per_s = batch * (new_tokens - 1) / (bench.median(full_s) - prefill)
+    else:
+        tokens_per_s = bench.median([batch * (n - 1) / (s - prefill) for n, s in zip(new_tokens, full_s, strict=True)])
+    cell = {"decode_tokens_per_s": tokens_per_s, "full_s": full_s, "prefill_s": prefill_s}
+    if not isinstance(new_tokens, int):
+        cell["new_tokens_reached"] = new_tokens
+    return cell, tokens_per_s
+
+
+def stopped_text(batch: int, length: int, name: str, reached: list[int], full_s: list[float]) -> str:
+    calls = ", ".join(f"{n:,} in {s:.0f} s" for n, s in zip(reached, full_s, strict=True))
+    return (
+        f"- batch {batch}, {length:,} new tokens: {name} stopped by --stock-max-call-s ({calls}): its tokens/s is over "
+        "the tokens it reached, more than over the whole call would be (its per-token cost grows with its cache), so "
+        "it is an upper bound (<=) and ours' ratios to stock's best are lower bounds (>=)."
+    )
+
+
+def speed_text(name: str, tps: dict, cell: dict) -> str:
+    if name not in tps:
+        return "–"
+    return f"{'<=' if name in cell['stopped by --stock-max-call-s'] else ''}{tps[name]:.1f}"
+
+
 def ratio_text(cell: dict, key: str) -> str:
-    return f"{cell[key]:.2f}x" if key in cell else "–"
+    bound = ">=" if cell.get("stopped by --stock-max-call-s") else ""
+    return f"{bound}{cell[key]:.2f}x" if key in cell else "–"
 
 
 def decode_row(batch: int, length: int, tps: dict, cell: dict) -> list:
@@ -355,8 +428,8 @@ def decode_row(batch: int, length: int, tps: dict, cell: dict) -> list:
     return [
         batch,
         length,
-        *(f"{tps[name]:.1f}" if name in tps else "–" for name in WAYS),
-        f"**{cell['ours compiled / stock best']:.2f}x**" if "ours compiled / stock best" in cell else "–",
+        *(speed_text(name, tps, cell) for name in WAYS),
+        f"**{ratio_text(cell, 'ours compiled / stock best')}**" if "ours compiled / stock best" in cell else "–",
         ratio_text(cell, "ours default / stock best"),
         "same" if same else "differ",
         "–" if first is None else ("same" if first else "differ"),

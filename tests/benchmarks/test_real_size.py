@@ -5,6 +5,7 @@ as stock. No timing is asserted."""
 import importlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -108,6 +109,36 @@ def test_stocks_compiled_static_cache_can_be_left_out_and_is_recorded_as_not_run
     ]
     row = recorded["tables"]["decode"]["rows"][0]
     assert row[5] == "–" and row[2:5] != ["–"] * 3
+
+
+def test_stocks_calls_can_be_stopped_after_a_time_and_are_recorded_as_bounds(tiny_stock, tmp_path):
+    # No time at all: every stock call stops at its 8th new token, the fewest a stopped call decodes.
+    arguments = ["--parts", "decode", "--batch-sizes", "2", "--new-tokens", "20", "--repeats", "2"]
+    recorded = run(tiny_stock, tmp_path, *arguments, "--stock-max-call-s", "0")
+    cell = recorded["values"]["decode"]["batch 2, 20 new tokens"]
+    assert cell["stopped by --stock-max-call-s"] == list(WAYS[2:])
+    for way in WAYS[2:]:
+        assert cell[way]["new_tokens_reached"] == [8, 8]
+        seconds = [full - statistics.median(cell[way]["prefill_s"]) for full in cell[way]["full_s"]]
+        assert cell[way]["decode_tokens_per_s"] == pytest.approx(statistics.median([2 * 7 / s for s in seconds]))
+    # Ours ran every token: its tokens/s over the whole call, as without the option.
+    for way in WAYS[:2]:
+        assert "new_tokens_reached" not in cell[way]
+        full, prefill = (statistics.median(cell[way][key]) for key in ("full_s", "prefill_s"))
+        assert cell[way]["decode_tokens_per_s"] == pytest.approx(2 * 19 / (full - prefill))
+    # Stock's first 8 new tokens lie in ours' first window: the same greedy tokens.
+    assert cell["ours default tokens == stock default tokens, first window"] is True
+    row = recorded["tables"]["decode"]["rows"][0]
+    assert [cell.startswith("<=") for cell in row[2:6]] == [False, False, True, True]
+    assert row[6].startswith("**>=") and row[7].startswith(">=")
+    limits = recorded["text"]["stock_limits"]
+    assert len(limits) == 2 and all("stopped by --stock-max-call-s (8 in" in line for line in limits)
+
+
+def test_a_negative_stock_call_limit_is_refused_by_name(tiny_stock):
+    result = run_script(SCRIPT, "--model", str(tiny_stock), "--parts", "decode", "--stock-max-call-s", "-1")
+    assert result.returncode == 2
+    assert "--stock-max-call-s must be 0 or more seconds, not -1" in result.stderr
 
 
 def test_a_folder_with_only_a_config_runs_that_shape_with_random_weights(tmp_path):
