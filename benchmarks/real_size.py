@@ -38,7 +38,9 @@ Parts (`--parts`):
   ratios to it as lower bounds (>=).
 - cold_start: each compiled way in a fresh process with an empty inductor cache folder: the time to the first new token
   (the prefill) and to the second (the first compiled step, compilation included), the first call less the second,
-  and the first call's compilation split into Dynamo's tracing and the backend's compiling.
+  and the first call's compilation split into Dynamo's tracing and the backend's compiling. `--cold-start-rounds R`
+  runs R processes per way, the ways alternating in order: medians, and ours over stock as the median of the rounds'
+  ratios with their range.
 - prefill: `generate(max_new_tokens=1)` on a prompt of each length, one fresh process per measurement (interleaved
   rounds of them): prompt tokens/s and peak memory (`_common.reset_peak_memory`: RSS on the CPU,
   `torch.cuda.max_memory_allocated` on CUDA). Stock only where the prompt fits its positions.
@@ -148,6 +150,13 @@ def parse_args() -> argparse.Namespace:
     )
     decode.add_argument("--cold-start-batches", type=int, nargs="+", default=[1, 8])
     decode.add_argument("--cold-start-tokens", type=int, default=16, help="new tokens of each cold-start call")
+    decode.add_argument(
+        "--cold-start-rounds",
+        type=int,
+        default=1,
+        help="fresh processes per compiled way and batch, the ways alternating (medians reported; one process per "
+        "way is a noisy measure: the same graph's compilation has differed by 25%% between processes)",
+    )
     prefill = parser.add_argument_group("prefill")
     prefill.add_argument("--prompt-lengths", type=int, nargs="+", default=[1024, 16384, 65536])
     prefill.add_argument("--prefill-repeats", type=int, default=2, help="fresh processes per model and length")
@@ -179,6 +188,8 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if min(args.new_tokens) < 2 or args.cold_start_tokens < 2:
         parser.error("--new-tokens and --cold-start-tokens must be at least 2 (the first comes from the prefill)")
+    if args.cold_start_rounds < 1:
+        parser.error(f"--cold-start-rounds must be at least 1, not {args.cold_start_rounds}")
     if args.stock_max_call_s is not None and args.stock_max_call_s < 0:
         parser.error(f"--stock-max-call-s must be 0 or more seconds, not {args.stock_max_call_s:g}")
     if args.memory_logits_to_keep < 0:
@@ -492,45 +503,69 @@ def compile_phases(phases: dict[str, float]) -> str:
     return f"{total - backend:.1f} + {backend:.1f}"
 
 
+COLD_START_KEYS = ("cold_time_to_first_compiled_token_s", "cold_start_s")
+
+
 def cold_start(args: argparse.Namespace, stock_dir: str, max_positions: int) -> tuple[dict, list, list]:
+    """Each compiled way cold in `--cold-start-rounds` fresh processes per batch, the ways alternating in order from
+    round to round; per way the median of each figure over its rounds, and ours over stock as the median of the
+    rounds' ratios (a round's two processes ran back to back), with their range."""
     values, rows, limits = {}, [], []
     why = outside_context(args, max_positions, args.prompt_tokens + args.cold_start_tokens)
+    names = [name for name in COMPILED if not (name in STOCK and why is not None)]
     for batch in args.cold_start_batches:
-        cold = {}
-        for name in COMPILED:
-            if name in STOCK and why is not None:
-                limits.append(f"- cold start, batch {batch}: stock {why}.")
-                continue
-            # A cold start compiles everything: no graphs or kernels read back from an earlier run's cache.
-            with tempfile.TemporaryDirectory() as cache, mock.patch.dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache):
-                cold[name] = bench.in_child(
-                    {"part": "cold_start", "name": name, "batch": batch, "stock_dir": stock_dir}
-                )
-        cell = {name: cold[name] for name in cold}
-        if len(cold) == 2:
-            for key in ("cold_time_to_first_compiled_token_s", "cold_start_s"):
-                cell[f"ours / stock, {key}"] = cold[OURS_COMPILED][key] / cold[STOCK_STATIC][key]
+        if len(names) < len(COMPILED):
+            limits.append(f"- cold start, batch {batch}: stock {why}.")
+        rounds: dict[str, list[dict]] = {name: [] for name in names}
+        for round_index in range(args.cold_start_rounds):
+            for name in names if round_index % 2 == 0 else names[::-1]:
+                # A cold start compiles everything: no graphs or kernels read back from an earlier run's cache.
+                with (
+                    tempfile.TemporaryDirectory() as cache,
+                    mock.patch.dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache),
+                ):
+                    spec = {"part": "cold_start", "name": name, "batch": batch, "stock_dir": stock_dir}
+                    rounds[name].append(bench.in_child(spec))
+                print(f"cold start, batch {batch}, round {round_index + 1}, {name}: {rounds[name][-1]}", flush=True)
+        cell: dict = {name: median_cold_start(rounds[name]) for name in names}
+        ratio_texts = ["–", "–"]
+        if len(names) == 2:
+            for position, key in enumerate(COLD_START_KEYS):
+                paired = [
+                    ours[key] / stock[key]
+                    for ours, stock in zip(rounds[OURS_COMPILED], rounds[STOCK_STATIC], strict=True)
+                ]
+                cell[f"ours / stock, {key}"] = bench.median(paired)
+                cell[f"ours / stock, {key}, rounds"] = paired
+                ratio_texts[position] = cold_start_ratio(paired)
         values[f"batch {batch}"] = cell
         rows.append(
             [
                 batch,
-                *(
-                    f"{cold[name][key]:.2f}" if name in cold else "–"
-                    for key in ("cold_time_to_first_compiled_token_s", "cold_start_s")
-                    for name in COMPILED
-                ),
-                *(
-                    f"{cell[k]:.2f}x" if k in cell else "–"
-                    for k in (
-                        "ours / stock, cold_time_to_first_compiled_token_s",
-                        "ours / stock, cold_start_s",
-                    )
-                ),
-                *(compile_phases(cold[name]["compile_phases_s"]) if name in cold else "–" for name in COMPILED),
+                *(f"{cell[name][key]:.2f}" if name in cell else "–" for key in COLD_START_KEYS for name in COMPILED),
+                *ratio_texts,
+                *(compile_phases(cell[name]["compile_phases_s"]) if name in cell else "–" for name in COMPILED),
             ]
         )
         print(f"cold start, batch {batch}: {rows[-1]}", flush=True)
     return values, rows, limits
+
+
+def median_cold_start(rounds: list[dict]) -> dict:
+    """One way's cold-start figures over its rounds: the median of each (of each compilation phase too), and every
+    round's own under "rounds"."""
+    phases = {
+        key: bench.median([r["compile_phases_s"].get(key, 0.0) for r in rounds])
+        for key in rounds[0]["compile_phases_s"]
+    }
+    figures = {key: bench.median([r[key] for r in rounds]) for key in rounds[0] if key != "compile_phases_s"}
+    return {**figures, "compile_phases_s": phases, "rounds": rounds}
+
+
+def cold_start_ratio(paired: list[float]) -> str:
+    """A table cell: the median of the rounds' ratios, their range after it where there were several rounds."""
+    text = f"{bench.median(paired):.2f}x"
+    return text if len(paired) == 1 else f"{text} ({min(paired):.2f}-{max(paired):.2f}x)"
 
 
 # Prefill -----------------------------------------------------------------------------------------------------------

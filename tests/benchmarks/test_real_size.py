@@ -2,6 +2,7 @@
 every part writes its fields, stock's limit is recorded instead of a number, and ours decodes the same greedy tokens
 as stock. No timing is asserted."""
 
+import argparse
 import importlib
 import json
 import os
@@ -173,6 +174,54 @@ def test_cold_start_and_prefill_write_their_fields(tiny_stock, tmp_path):
         assert run_["tokens_per_s"] > 0 and run_["peak_mib"] >= run_["before_mib"] > 0
     assert {"ours / stock, tokens/s", "ours / stock, peak memory"} <= set(prefill)
     assert "memory_method" in recorded
+
+
+def test_cold_start_rounds_alternate_the_ways_and_report_medians_and_paired_ratios(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    real_size = importlib.import_module("real_size")
+    ours, stock = real_size.OURS_COMPILED, real_size.STOCK_STATIC
+    # Round by round, (ours, stock) seconds to the first compiled token; the first call less the second is half that.
+    seconds = {ours: [60.0, 50.0, 52.0], stock: [50.0, 52.0, 40.0]}
+    order = []
+
+    def child(spec: dict) -> dict:
+        order.append(spec["name"])
+        s = seconds[spec["name"]][order.count(spec["name"]) - 1]
+        phases = {"entire_frame_compile": s - 5, "backend_compile": s - 10}
+        return {"cold_time_to_first_compiled_token_s": s, "cold_start_s": s / 2, "compile_phases_s": phases}
+
+    monkeypatch.setattr(real_size.bench, "in_child", child)
+    args = argparse.Namespace(
+        prompt_tokens=8, cold_start_tokens=4, cold_start_batches=[1], cold_start_rounds=3, stock_past_context=False
+    )
+    values, rows, limits = real_size.cold_start(args, "unused", max_positions=64)
+    assert order == [ours, stock, stock, ours, ours, stock] and limits == []
+    cell = values["batch 1"]
+    assert cell[ours]["cold_time_to_first_compiled_token_s"] == 52.0 and cell[stock]["cold_start_s"] == 25.0
+    assert [r["cold_time_to_first_compiled_token_s"] for r in cell[ours]["rounds"]] == seconds[ours]
+    assert cell[ours]["compile_phases_s"] == {"entire_frame_compile": 47.0, "backend_compile": 42.0}
+    paired = [60 / 50, 50 / 52, 52 / 40]
+    assert cell["ours / stock, cold_time_to_first_compiled_token_s, rounds"] == pytest.approx(paired)
+    assert cell["ours / stock, cold_time_to_first_compiled_token_s"] == pytest.approx(1.2)
+    assert rows == [
+        [
+            1,
+            "52.00",
+            "50.00",
+            "26.00",
+            "25.00",
+            "1.20x (0.96-1.30x)",
+            "1.20x (0.96-1.30x)",
+            "5.0 + 42.0",
+            "5.0 + 40.0",
+        ]
+    ]
+
+
+def test_a_cold_start_without_rounds_is_refused_by_name(tiny_stock):
+    result = run_script(SCRIPT, "--model", str(tiny_stock), "--parts", "cold_start", "--cold-start-rounds", "0")
+    assert result.returncode == 2
+    assert "--cold-start-rounds must be at least 1, not 0" in result.stderr
 
 
 def test_the_memory_part_times_each_setting_against_the_paper_and_their_first_windows_agree(tiny_stock, tmp_path):
