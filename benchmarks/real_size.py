@@ -34,8 +34,8 @@ Parts (`--parts`):
   (on the CPU at batch 8, its slowest way, which takes hours at 8,192 new tokens), recorded as not run; stock's best
   is then its default cache. `--stock-max-call-s S` stops each of stock's timed calls at its first token after S
   seconds (never before its 8th new token): its tokens/s is then over the tokens it reached, more than over the whole
-  call would be, since its per-token cost grows with its cache; the record shows it as an upper bound (<=) and ours'
-  ratios to it as lower bounds (>=).
+  call would be, since its per-token cost grows with its cache; the record shows it as an upper bound (<=) and, where
+  it is stock's best way, ours' ratios to it as lower bounds (>=; a stopped way slower than the other leaves them exact).
 - cold_start: each compiled way in a fresh process with an empty inductor cache folder: the time to the first new token
   (the prefill) and to the second (the first compiled step, compilation included), the first call less the second,
   and the first call's compilation split into Dynamo's tracing and the backend's compiling. `--cold-start-rounds R`
@@ -418,7 +418,7 @@ def stopped_text(batch: int, length: int, name: str, reached: list[int], full_s:
     return (
         f"- batch {batch}, {length:,} new tokens: {name} stopped by --stock-max-call-s ({calls}): its tokens/s is over "
         "the tokens it reached, more than over the whole call would be (its per-token cost grows with its cache), so "
-        "it is an upper bound (<=) and ours' ratios to stock's best are lower bounds (>=)."
+        "it is an upper bound (<=), and where it is stock's best, ours' ratios to it are lower bounds (>=)."
     )
 
 
@@ -429,7 +429,9 @@ def speed_text(name: str, tps: dict, cell: dict) -> str:
 
 
 def ratio_text(cell: dict, key: str) -> str:
-    bound = ">=" if cell.get("stopped by --stock-max-call-s") else ""
+    # A stopped way's tokens/s is an upper bound; where it is stock's best, so is stock's true best, and ours' ratio
+    # to it a lower bound. A stopped way slower than an exact one changes nothing: that one is stock's best.
+    bound = ">=" if cell.get("stock best") in cell.get("stopped by --stock-max-call-s", ()) else ""
     return f"{bound}{cell[key]:.2f}x" if key in cell else "–"
 
 

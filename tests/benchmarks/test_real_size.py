@@ -136,6 +136,21 @@ def test_stocks_calls_can_be_stopped_after_a_time_and_are_recorded_as_bounds(tin
     assert len(limits) == 2 and all("stopped by --stock-max-call-s (8 in" in line for line in limits)
 
 
+def test_ours_ratios_are_bounds_only_where_the_stopped_way_is_stocks_best(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    real_size = importlib.import_module("real_size")
+    stopped = {"stopped by --stock-max-call-s": [real_size.STOCK_STATIC], "ours compiled / stock best": 1.5}
+    # Stock's static cache stopped, at an upper bound below its default cache's exact speed: that one is stock's best.
+    assert real_size.ratio_text({**stopped, "stock best": real_size.STOCK_DEFAULT}, "ours compiled / stock best") == (
+        "1.50x"
+    )
+    # The stopped way is stock's best: its true speed may be lower, so ours' ratio may be higher.
+    assert real_size.ratio_text({**stopped, "stock best": real_size.STOCK_STATIC}, "ours compiled / stock best") == (
+        ">=1.50x"
+    )
+    assert real_size.ratio_text({"ours / stock, tokens/s": 2.0}, "ours / stock, tokens/s") == "2.00x"
+
+
 def test_a_negative_stock_call_limit_is_refused_by_name(tiny_stock):
     result = run_script(SCRIPT, "--model", str(tiny_stock), "--parts", "decode", "--stock-max-call-s", "-1")
     assert result.returncode == 2
