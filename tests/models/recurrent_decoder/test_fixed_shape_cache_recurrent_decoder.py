@@ -217,6 +217,22 @@ def test_compiled_single_token_step_generates_the_eager_tokens_in_place_without_
     assert longer.shape[1] == 5 + 2 * NEW_TOKENS
 
 
+def single_token_graph(decoder, prompt: torch.Tensor) -> str:
+    """Inductor's code for the single-token step of `decoder`'s compiled static-cache `generate()` (on the CPU too)."""
+    config = CompileConfig(fullgraph=True)
+    config._compile_all_devices = True
+    _, codes = run_and_get_code(
+        decoder.generate,
+        prompt,
+        max_new_tokens=4,
+        do_sample=False,
+        pad_token_id=0,
+        cache_implementation="static",
+        compile_config=config,
+    )
+    return max(codes, key=len)  # the prompt's graph is the smaller
+
+
 def kernel_launches(code: str) -> collections.Counter:
     """What Inductor's generated `call()` launches, one after another, by kind: "fused" kernels, and the operators it
     leaves to aten by name (matrix products, attention, sorts)."""
@@ -238,23 +254,25 @@ def test_the_compiled_decode_step_launches_the_matrix_products_and_attention_of_
     kernels. On a GPU a single token costs its launches."""
     torch._dynamo.reset()
     model, stock = BY_NAME[family].models()
-    config = CompileConfig(fullgraph=True)
-    config._compile_all_devices = True
     prompt = torch.randint(1, model.config.text_config.vocab_size, (1, 3), generator=torch.Generator().manual_seed(0))
-    launches = {}
-    for name, decoder in (("ours", model), ("stock", stock)):
-        _, codes = run_and_get_code(
-            decoder.generate,
-            prompt,
-            max_new_tokens=4,
-            do_sample=False,
-            pad_token_id=0,
-            cache_implementation="static",
-            compile_config=config,
-        )
-        launches[name] = kernel_launches(max(codes, key=len))  # the single-token graph
+    launches = {
+        name: kernel_launches(single_token_graph(decoder, prompt))
+        for name, decoder in (("ours", model), ("stock", stock))
+    }
     unfused = {name: {kind: n for kind, n in counted.items() if kind != "fused"} for name, counted in launches.items()}
     assert unfused["ours"] == unfused["stock"] and unfused["ours"], launches
+
+
+@pytest.mark.slow
+def test_the_compiled_decode_step_makes_each_attention_mask_once_for_every_layer():
+    """The step's two masks (the plain layers' and the reading layer's) are each one buffer that every layer's
+    attention reads. From a boolean mask, torch's sdpa made an additive one in every layer, which inductor fused into
+    the layers' kernels unevenly: more distinct kernels to build, a slower cold start."""
+    torch._dynamo.reset()
+    model, _ = BY_NAME["llama"].models(text={"num_hidden_layers": 6})
+    prompt = torch.randint(1, model.config.text_config.vocab_size, (2, 3), generator=torch.Generator().manual_seed(0))
+    masks = re.findall(r"attn_mask=(\w+)", single_token_graph(model, prompt))
+    assert len(masks) == 6 and len(set(masks)) == 2, masks
 
 
 @pytest.mark.parametrize("kwargs", [{"num_beams": 2}, {"num_return_sequences": 2, "do_sample": True}])

@@ -99,19 +99,19 @@ def _attention_masks(
     A query sees the valid cached slots, the real step columns up to itself, and itself (so padding queries never
     see an empty row); at a reading layer also the `memory_slots` = k slots of `h_prev` where the row has them. The plain mask is None where the
     attention's own causal mask is the same (no cached slots, every column real). Additive float masks for eager
-    attention, boolean ones otherwise. `all_real`: whether every column is real, when known on the host.
+    attention and for a step that writes its keys in place, boolean ones otherwise. `all_real`: whether every column is real, when known on the host.
     `uses_h_prev`: whether the step joins `h_prev` at all; the reading layers' mask is None where it does not (no
     layer reads that mask then). `write_slots` (batch,): where a one-column step's keys are written in place (see
     `_StepContext.write_slots`); the masks then cover the slots alone, (batch, 1, 1, [k +] slots), the column's own
     slot visible to it.
     """
+    if write_slots is not None:
+        return _in_place_step_masks(slot_valid, has_h_prev, dtype, memory_slots, uses_h_prev, write_slots)
     batch, cols = real.shape
     slots = slot_valid.shape[1]
     causal = torch.ones(cols, cols, dtype=torch.bool, device=real.device).tril()
     plain = None
-    if write_slots is not None:
-        plain = slot_valid.scatter(1, write_slots[:, None], True)[:, None, None, :]  # (batch, 1, 1, slots)
-    elif eager or slots or not (all_real if all_real is not None else bool(real.all())):
+    if eager or slots or not (all_real if all_real is not None else bool(real.all())):
         own = torch.eye(cols, dtype=torch.bool, device=real.device)
         new_part = (causal & real[:, None, :]) | own  # (batch, cols, cols)
         plain = torch.cat([slot_valid[:, None, :].expand(batch, cols, slots), new_part], dim=-1)[:, None]
@@ -126,6 +126,29 @@ def _attention_masks(
             for m in (plain, inserted)
         )
     return plain, inserted
+
+
+def _in_place_step_masks(
+    slot_valid: torch.Tensor,
+    has_h_prev: torch.Tensor,
+    dtype: torch.dtype,
+    memory_slots: int,
+    uses_h_prev: bool,
+    write_slots: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`_attention_masks` of a one-column step that writes its keys in place: additive, (batch, 1, 1, [k +] slots),
+    the valid slots and the column's own visible.
+
+    Additive for every attention, and made by a scatter: compiled, each mask is then one buffer that every layer's
+    attention reads. From a boolean mask torch's sdpa makes its additive mask in every layer, which inductor fuses
+    into the layers' kernels unevenly, so that it builds and compiles more distinct kernels (a slower cold start)."""
+    blocked = torch.finfo(dtype).min
+    plain = torch.zeros_like(slot_valid, dtype=dtype).masked_fill(~slot_valid, blocked)
+    plain = plain.scatter(1, write_slots[:, None], 0.0)[:, None, None, :]  # (batch, 1, 1, slots)
+    if not uses_h_prev:
+        return plain, None
+    h_prev_part = torch.zeros_like(has_h_prev, dtype=dtype).masked_fill(~has_h_prev, blocked)  # (batch,)
+    return plain, torch.cat([h_prev_part[:, None, None, None].expand(-1, 1, 1, memory_slots), plain], dim=-1)
 
 
 class _LockstepTensors:
