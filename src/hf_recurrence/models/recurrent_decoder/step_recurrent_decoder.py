@@ -99,7 +99,8 @@ def _attention_masks(
     A query sees the valid cached slots, the real step columns up to itself, and itself (so padding queries never
     see an empty row); at a reading layer also the `memory_slots` = k slots of `h_prev` where the row has them. The plain mask is None where the
     attention's own causal mask is the same (no cached slots, every column real). Additive float masks for eager
-    attention and for a step that writes its keys in place, boolean ones otherwise. `all_real`: whether every column is real, when known on the host.
+    attention and for a step that writes its keys in place, boolean ones otherwise. `all_real`: whether every column
+    is real, when known on the host.
     `uses_h_prev`: whether the step joins `h_prev` at all; the reading layers' mask is None where it does not (no
     layer reads that mask then). `write_slots` (batch,): where a one-column step's keys are written in place (see
     `_StepContext.write_slots`); the masks then cover the slots alone, (batch, 1, 1, [k +] slots), the column's own
@@ -121,11 +122,13 @@ def _attention_masks(
         token_part = causal.expand(batch, 1, cols, cols) if plain is None else plain
         inserted = torch.cat([h_prev_part, token_part], dim=-1)
     if eager:
-        plain, inserted = (
-            None if m is None else torch.zeros_like(m, dtype=dtype).masked_fill(~m, torch.finfo(dtype).min)
-            for m in (plain, inserted)
-        )
+        plain, inserted = (None if m is None else _additive(m, dtype) for m in (plain, inserted))
     return plain, inserted
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask as an additive one of `dtype`: 0 where True, the dtype's lowest value where False."""
+    return torch.zeros_like(mask, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
 
 
 def _in_place_step_masks(
@@ -142,13 +145,12 @@ def _in_place_step_masks(
     Additive for every attention, and made by a scatter: compiled, each mask is then one buffer that every layer's
     attention reads. From a boolean mask torch's sdpa makes its additive mask in every layer, which inductor fuses
     into the layers' kernels unevenly, so that it builds and compiles more distinct kernels (a slower cold start)."""
-    blocked = torch.finfo(dtype).min
-    plain = torch.zeros_like(slot_valid, dtype=dtype).masked_fill(~slot_valid, blocked)
-    plain = plain.scatter(1, write_slots[:, None], 0.0)[:, None, None, :]  # (batch, 1, 1, slots)
+    plain = _additive(slot_valid, dtype).scatter(1, write_slots[:, None], 0.0)  # (batch, slots), own slot visible
+    plain = plain[:, None, None, :]  # (batch, 1, 1, slots)
     if not uses_h_prev:
         return plain, None
-    h_prev_part = torch.zeros_like(has_h_prev, dtype=dtype).masked_fill(~has_h_prev, blocked)  # (batch,)
-    return plain, torch.cat([h_prev_part[:, None, None, None].expand(-1, 1, 1, memory_slots), plain], dim=-1)
+    h_prev_part = _additive(has_h_prev, dtype)[:, None, None, None].expand(-1, 1, 1, memory_slots)
+    return plain, torch.cat([h_prev_part, plain], dim=-1)
 
 
 class _LockstepTensors:
